@@ -1,0 +1,44 @@
+# genrank: `make demo` runs the pipeline on the simulated demo world; `make test` runs the test suite.
+# Both create .venv if missing and install everything they need (Python packages, Java for Spark).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.genrank-installed
+export GX_ANALYTICS_ENABLED := false
+export MLFLOW_ENABLE_TELEMETRY := false
+export DAGSTER_DISABLE_TELEMETRY := true
+
+.PHONY: setup demo test java dagster mlflow clean-data
+
+setup: $(STAMP) java
+
+# The CPU torch wheel goes in first, pinned, so nothing later can pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "Java (needed by Spark) is missing: installing openjdk-17-jre-headless"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openjdk-17-jre-headless; } || { \
+	    echo "could not install Java: install a Java 17 runtime (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) and rerun"; exit 1; }; }
+
+demo: setup
+	$(BIN)/genrank demo --preset demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+dagster: setup
+	$(BIN)/dagster dev -w workspace.yaml
+
+mlflow: setup
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$${GENRANK_HOME:-.genrank}/mlflow.db
+
+clean-data:
+	rm -rf .genrank

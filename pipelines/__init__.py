@@ -1,0 +1,1 @@
+"""The Dagster code location of genrank (``pipelines.definitions``) and the ``genrank`` command."""

@@ -1,0 +1,88 @@
+"""Dagster resources: data paths, Spark, DuckDB and MLflow, configured once from pipelines.settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from pipelines import settings
+
+
+class GenrankPaths(dg.ConfigurableResource):
+    """Where every dataset lives under the data root (GENRANK_HOME)."""
+
+    home: str
+
+    @property
+    def root(self) -> Path:
+        return Path(self.home)
+
+    @property
+    def landing(self) -> Path:
+        return self.root / "landing"
+
+    @property
+    def lake(self) -> Path:
+        return self.root / "lake"
+
+    @property
+    def warehouse(self) -> Path:
+        return self.root / "warehouse.duckdb"
+
+    def lake_partition(self, dataset: str, day: str) -> Path:
+        return self.lake / dataset / f"date={day}"
+
+
+class SparkResource(dg.ConfigurableResource):
+    """One SparkSession per run: created on first use, stopped when the run's step ends.
+
+    ``master`` is ``local[*]`` by default; any cluster URL (``spark://``, ``yarn``, ``k8s://``) works
+    as long as the lake paths are reachable from the executors.
+    """
+
+    master: str = "local[*]"
+    driver_memory: str = "2g"
+    shuffle_partitions: int = 4
+    _session: object = PrivateAttr(default=None)
+
+    def get_session(self):
+        if self._session is None:
+            from transforms.spark.session import build_session
+
+            self._session = build_session(
+                master=self.master,
+                driver_memory=self.driver_memory,
+                shuffle_partitions=self.shuffle_partitions,
+            )
+        return self._session
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
+
+
+class MlflowResource(dg.ConfigurableResource):
+    tracking_uri: str
+
+    def configure(self) -> None:
+        import mlflow
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        mlflow.set_registry_uri(self.tracking_uri)
+
+
+def default_resources() -> dict[str, dg.ConfigurableResource]:
+    home = settings.genrank_home()
+    return {
+        "paths": GenrankPaths(home=str(home)),
+        "spark": SparkResource(
+            master=settings.env("GENRANK_SPARK_MASTER", "local[*]"),
+            driver_memory=settings.env("GENRANK_SPARK_DRIVER_MEMORY", "2g"),
+        ),
+        "mlflow": MlflowResource(
+            tracking_uri=settings.env("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'mlflow.db'}"),
+        ),
+    }

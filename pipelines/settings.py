@@ -1,0 +1,33 @@
+"""Every configuration variable of genrank, in one place, with its local default.
+
+Library code takes explicit arguments; only the Dagster resources and the command line read these.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def env(name: str, default: str) -> str:
+    value = os.environ.get(name)
+    return default if value in (None, "") else value
+
+
+def genrank_home() -> Path:
+    """GENRANK_HOME: root of all data (landing/, lake/, warehouse.duckdb, mlflow.db, ...)."""
+    return Path(env("GENRANK_HOME", str(REPO_ROOT / ".genrank"))).resolve()
+
+
+# name -> (default, meaning). The README's configuration table is generated from the same facts.
+VARIABLES: dict[str, tuple[str, str]] = {
+    "GENRANK_HOME": ("./.genrank", "root of all data: landing/, lake/, warehouse.duckdb, mlflow.db, mlartifacts/, dagster_home/"),
+    "GENRANK_START_DATE": ("first landing day found, else 2026-01-01", "first daily partition"),
+    "GENRANK_SPARK_MASTER": ("local[*]", "spark.master for the events job (any cluster URL works)"),
+    "GENRANK_SPARK_DRIVER_MEMORY": ("2g", "spark.driver.memory"),
+    "GENRANK_ATTRIBUTION_WINDOW_MIN": ("60", "minutes after an impression within which a click is attributed to it"),
+    "GENRANK_LATE_GRACE_HOURS": ("6", "how long the newest day waits for D+1's files before it is processed without them"),
+    "MLFLOW_TRACKING_URI": ("sqlite:///$GENRANK_HOME/mlflow.db", "MLflow tracking and registry store"),
+}

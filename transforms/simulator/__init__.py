@@ -1,0 +1,217 @@
+"""The seeded ad-world simulator: writes the landing zone, an oracle table and a defect manifest.
+
+Output under ``out`` (a data root such as GENRANK_HOME)::
+
+    landing/date=D/{impressions,clicks,behaviors}-00000.jsonl.gz + _SUCCESS   (what the pipeline reads)
+    simulator/oracle/date=D/oracle.parquet   (true click probabilities; the pipeline never reads it)
+    simulator/manifest.json                  (config, per-file line and defect counts, summary)
+
+The oracle has, per impression: ``p_click`` (the true probability given everything that happened
+before the impression), ``p_click_serving`` (the same model evaluated on what a server can see:
+nothing newer than one hour), ``p_relevance`` (before position bias), ``clicked`` (the drawn outcome)
+and ``logged`` (False when a defect destroyed the impression line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from transforms import landing
+from transforms.simulator import defects
+from transforms.simulator.users import simulate_user
+from transforms.simulator.world import PRESETS, Catalog, WorldConfig
+
+ORACLE_COLUMNS = ("impression_id", "request_id", "user_id", "ts_ms", "ad_id", "surface", "position",
+                  "p_click", "p_click_serving", "p_relevance", "clicked")
+
+
+class SimulationError(ValueError):
+    pass
+
+
+@dataclass
+class SimulationReport:
+    preset: str
+    seed: int
+    days: list[str]
+    users: int
+    impressions: int
+    clicks: int
+    behaviors: int
+    defects: dict[str, int]
+    clicks_beyond_range: int
+    oracle_auc: float
+    oracle_auc_serving: float
+    seconds: float
+    out: Path
+
+    @property
+    def ctr(self) -> float:
+        return self.clicks / max(self.impressions, 1)
+
+    def summary(self) -> str:
+        lines = [
+            f"simulated world '{self.preset}' (seed {self.seed}) -> {self.out}",
+            f"  days        {self.days[0]} .. {self.days[-1]} ({len(self.days)})",
+            f"  users       {self.users:,}",
+            f"  impressions {self.impressions:,}",
+            f"  clicks      {self.clicks:,}  (CTR {self.ctr:.2%})",
+            f"  behaviors   {self.behaviors:,}",
+            "  defects     " + ", ".join(f"{k}={v:,}" for k, v in self.defects.items() if k != "lines"),
+            f"  oracle AUC  {self.oracle_auc:.4f} (full information), {self.oracle_auc_serving:.4f} (serving: nothing newer than 1 h)",
+            f"  took        {self.seconds:.1f} s",
+        ]
+        return "\n".join(lines)
+
+
+def resolve_config(preset: str, **overrides) -> WorldConfig:
+    if preset not in PRESETS:
+        raise SimulationError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    return dataclasses.replace(PRESETS[preset], **overrides) if overrides else PRESETS[preset]
+
+
+def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".genrank",
+             config: WorldConfig | None = None) -> SimulationReport:
+    started = time.perf_counter()
+    cfg = config or resolve_config(preset)
+    out = Path(out)
+    days = [(dt.date.fromisoformat(cfg.start_date) + dt.timedelta(days=i)).isoformat() for i in range(cfg.n_days)]
+    day_index = {d: i for i, d in enumerate(days)}
+    catalog = Catalog.build(cfg, seed)
+
+    per_day: dict[str, dict[str, list[dict]]] = {d: {k: [] for k in landing.FILE_KINDS} for d in days}
+    oracle: list[tuple] = []
+    impression_day: dict[str, str] = {}
+    for user in range(1, cfg.n_users + 1):
+        stream = simulate_user(cfg, catalog, seed, user)
+        for rec in stream.impressions:
+            d = landing.day_of_ms(rec["ts_ms"]).isoformat()
+            per_day[d]["impressions"].append(rec)
+            impression_day[rec["impression_id"]] = d
+        for rec in stream.behaviors:
+            per_day[landing.day_of_ms(rec["ts_ms"]).isoformat()]["behaviors"].append(rec)
+        for rec in stream.clicks:
+            per_day.setdefault(landing.day_of_ms(rec["ts_ms"]).isoformat(), {k: [] for k in landing.FILE_KINDS})["clicks"].append(rec)
+        oracle.extend(stream.oracle)
+
+    rates = cfg.defects
+    rng = np.random.default_rng([seed, 2])
+    # Clicks logged late: some clicks of day D are written into D+1's file although they happened on D.
+    clicks_beyond_range = 0
+    click_files: dict[str, list[dict]] = {d: [] for d in days}
+    for d in sorted(per_day):
+        for rec in per_day[d]["clicks"]:
+            file_day = d
+            if d in day_index and rng.random() < rates.late_logged_click:
+                file_day = _next_day(d)
+            if file_day in click_files:
+                click_files[file_day].append(rec)
+            else:
+                clicks_beyond_range += 1
+    for d in days:
+        per_day[d]["clicks"] = sorted(click_files[d], key=lambda r: r["ts_ms"])
+        for kind in ("impressions", "behaviors"):
+            per_day[d][kind].sort(key=lambda r: r["ts_ms"])
+
+    destroyed_impressions: set[str] = set()
+    destroyed: dict[tuple[str, str], list[str | None]] = {}
+    for d in days:
+        for kind in landing.FILE_KINDS:
+            destroyed[d, kind] = defects.choose_destroyed(per_day[d][kind], rates, np.random.default_rng([seed, 3, day_index[d], len(kind)]))
+        destroyed_impressions.update(
+            r["impression_id"] for r, x in zip(per_day[d]["impressions"], destroyed[d, "impressions"]) if x)
+
+    files: dict[str, dict[str, dict[str, int]]] = {}
+    for d in days:
+        i = day_index[d]
+        files[d] = {}
+        lines = {}
+        for kind in landing.FILE_KINDS:
+            recs = per_day[d][kind]
+            orphan = late = None
+            if kind == "clicks":
+                orphan = [r["impression_id"] in destroyed_impressions for r in recs]
+                late = [impression_day[r["impression_id"]] != d for r in recs]
+            result = defects.inject(kind, recs, destroyed[d, kind], rates,
+                                    np.random.default_rng([seed, 4, i, len(kind)]), orphan=orphan, late=late,
+                                    extra_field=i >= rates.extra_field_from_day)
+            files[d][kind] = result.counts
+            lines[kind] = result.lines
+        landing.write_day(out, d, lines)
+
+    oracle_df = pd.DataFrame(oracle, columns=list(ORACLE_COLUMNS))
+    oracle_df["logged"] = ~oracle_df["impression_id"].isin(destroyed_impressions)
+    _write_oracle(out, oracle_df)
+    auc_full, auc_serving = oracle_aucs(oracle_df)
+    totals = defects.manifest_totals(files)
+    report = SimulationReport(
+        preset=preset, seed=seed, days=days, users=cfg.n_users, impressions=len(oracle_df),
+        clicks=int(oracle_df["clicked"].sum()), behaviors=sum(len(per_day[d]["behaviors"]) for d in days),
+        defects=totals, clicks_beyond_range=clicks_beyond_range, oracle_auc=auc_full,
+        oracle_auc_serving=auc_serving, seconds=time.perf_counter() - started, out=out,
+    )
+    _write_manifest(out, cfg, report, files)
+    return report
+
+
+def _next_day(day: str) -> str:
+    return (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
+
+
+def oracle_aucs(oracle_df: pd.DataFrame) -> tuple[float, float]:
+    from sklearn.metrics import roc_auc_score
+
+    y = oracle_df["clicked"].to_numpy()
+    if y.min() == y.max():
+        return float("nan"), float("nan")
+    return float(roc_auc_score(y, oracle_df["p_click"])), float(roc_auc_score(y, oracle_df["p_click_serving"]))
+
+
+def _write_oracle(out: Path, oracle_df: pd.DataFrame) -> None:
+    root = out / "simulator" / "oracle"
+    staging = out / "simulator" / f".tmp-oracle-{uuid.uuid4().hex[:8]}"
+    oracle_df = oracle_df.assign(date=pd.to_datetime(oracle_df["ts_ms"], unit="ms", utc=True).dt.strftime("%Y-%m-%d"))
+    for day, part in oracle_df.groupby("date", sort=True):
+        target = staging / f"date={day}"
+        target.mkdir(parents=True)
+        part.drop(columns="date").to_parquet(target / "oracle.parquet", index=False)
+    if root.exists():
+        shutil.rmtree(root)
+    staging.rename(root)
+
+
+def _write_manifest(out: Path, cfg: WorldConfig, report: SimulationReport, files: dict) -> None:
+    path = out / "simulator" / "manifest.json"
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    # Days landed by an earlier, longer simulation into the same root would be read as part of this
+    # world: remove them, and only them.
+    for stale in set(previous.get("days", ())) - set(report.days):
+        shutil.rmtree(landing.day_dir(out, stale), ignore_errors=True)
+    manifest = {
+        "preset": report.preset,
+        "seed": report.seed,
+        "config": dataclasses.asdict(cfg),
+        "days": report.days,
+        "files": files,
+        "totals": report.defects,
+        "clicks_beyond_range": report.clicks_beyond_range,
+        "summary": {
+            "users": report.users, "impressions": report.impressions, "clicks": report.clicks,
+            "behaviors": report.behaviors, "oracle_auc": report.oracle_auc,
+            "oracle_auc_serving": report.oracle_auc_serving,
+        },
+    }
+    tmp = path.with_suffix(f".tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(defects.dump_manifest(manifest))
+    tmp.replace(path)

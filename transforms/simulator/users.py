@@ -1,0 +1,200 @@
+"""One user's clean event stream over the simulated range, with the true click probabilities.
+
+Each user draws from their own random stream (seeded by (seed, user)), so the world is deterministic
+for a seed whatever the order users are generated in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from transforms import landing
+from transforms.simulator.world import SURFACE_SHARE, SURFACE_SLOTS, Catalog, WorldConfig
+
+HOUR_MS = 3_600_000
+SERVING_DELAY_MS = HOUR_MS  # the serving oracle sees nothing newer than this
+SESSION_MEMORY_MS = 3 * HOUR_MS
+ACTION_PROBS = (0.84, 0.07, 0.06, 0.03)  # in landing.ACTIONS order: view, cart, fav, buy
+MEMORY_WEIGHT = {"fav": 0.6, "cart": 1.0, "buy": 1.5}
+SURFACES = tuple(SURFACE_SHARE)
+SURFACE_P = np.array([SURFACE_SHARE[s] for s in SURFACES])
+# Activity by hour of day (UTC): an evening peak, a night trough.
+_HOURS = np.arange(24)
+HOUR_P = 1.0 + 0.8 * np.cos((_HOURS - 20) / 24 * 2 * np.pi)
+HOUR_P = HOUR_P / HOUR_P.sum()
+
+
+@dataclass
+class UserStream:
+    impressions: list[dict] = field(default_factory=list)
+    clicks: list[dict] = field(default_factory=list)
+    behaviors: list[dict] = field(default_factory=list)
+    oracle: list[tuple] = field(default_factory=list)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+class _Memory:
+    """Timestamped events a user has produced, for the session and long-range terms."""
+
+    def __init__(self) -> None:
+        self.recent_ts: list[int] = []
+        self.recent_cat: list[int] = []
+        self.brand_ts: list[int] = []
+        self.brand_id: list[int] = []
+        self.brand_w: list[float] = []
+
+    def add_interest(self, ts: int, category: int) -> None:
+        self.recent_ts.append(ts)
+        self.recent_cat.append(category)
+        if len(self.recent_ts) > 256:
+            cut = next(i for i, t in enumerate(self.recent_ts) if t > ts - SESSION_MEMORY_MS)
+            del self.recent_ts[:cut], self.recent_cat[:cut]
+
+    def add_brand(self, ts: int, brand: int, weight: float) -> None:
+        self.brand_ts.append(ts)
+        self.brand_id.append(brand)
+        self.brand_w.append(weight)
+
+    def session_term(self, now: int, categories: np.ndarray, decay_ms: float, min_age_ms: int) -> np.ndarray:
+        if not self.recent_ts:
+            return np.zeros(len(categories))
+        ts = np.asarray(self.recent_ts)
+        age = now - ts
+        keep = (age >= max(min_age_ms, 1)) & (age <= SESSION_MEMORY_MS)
+        if not keep.any():
+            return np.zeros(len(categories))
+        w = np.exp(-age[keep] / decay_ms)
+        cats = np.asarray(self.recent_cat)[keep]
+        return (cats[None, :] == categories[:, None]) @ w
+
+    def brand_term(self, now: int, brands: np.ndarray, half_life_ms: float, min_age_ms: int) -> np.ndarray:
+        if not self.brand_ts:
+            return np.zeros(len(brands))
+        age = now - np.asarray(self.brand_ts)
+        keep = age >= max(min_age_ms, 1)
+        w = np.where(keep, np.asarray(self.brand_w) * np.power(0.5, age / half_life_ms), 0.0)
+        return (np.asarray(self.brand_id)[None, :] == brands[:, None]) @ w
+
+
+def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserStream:
+    rng = np.random.default_rng([seed, 1, user])
+    st = cfg.strengths
+    n_cat = cfg.n_categories
+    interest = rng.dirichlet(np.full(n_cat, cfg.interest_concentration))
+    log_interest = np.clip(np.log(n_cat * interest + 1e-3), -3.0, 2.0)
+    sigma = cfg.activity_sigma
+    rate = cfg.sessions_per_day * rng.lognormal(-sigma * sigma / 2, sigma)
+    device = landing.DEVICES[int(rng.integers(len(landing.DEVICES)))]
+    out = UserStream()
+    mem = _Memory()
+    decay_ms = st.session_decay_min * 60_000
+    half_life_ms = st.long_range_half_life_days * 86_400_000
+    request_no = 0
+    last_item = -1
+    for day in range(cfg.n_days):
+        day_start = landing.day_start_ms(_date(cfg.start_date, day))
+        day_end = day_start + landing.DAY_MS
+        n_sessions = int(rng.poisson(rate))
+        hours = np.sort(rng.choice(24, size=n_sessions, p=HOUR_P))
+        next_free = day_start
+        for h in hours:
+            start = max(day_start + int(h) * HOUR_MS + int(rng.integers(HOUR_MS)), next_free)
+            session_cat = int(rng.choice(n_cat, p=interest)) if rng.random() < 0.85 else int(rng.integers(n_cat))
+            n_events = 1 + int(rng.poisson(cfg.events_per_session - 1))
+            ts = start
+            for _ in range(n_events):
+                ts += 1_000 + int(rng.exponential(45_000))
+                if ts >= day_end - 1_000:
+                    break
+                if rng.random() < cfg.ad_request_share:
+                    request_no += 1
+                    _ad_request(cfg, cat, rng, out, mem, user, device, request_no, ts, session_cat,
+                                log_interest, decay_ms, half_life_ms)
+                else:
+                    last_item = _behavior(cat, rng, out, mem, user, ts, session_cat, interest, last_item, st.repeat)
+            next_free = ts + 60_000
+    return out
+
+
+def _date(start: str, offset: int) -> str:
+    import datetime as dt
+
+    return (dt.date.fromisoformat(start) + dt.timedelta(days=offset)).isoformat()
+
+
+def _ad_request(cfg, cat: Catalog, rng, out: UserStream, mem: _Memory, user: int, device: str,
+                request_no: int, ts: int, session_cat: int, log_interest, decay_ms, half_life_ms) -> None:
+    st = cfg.strengths
+    surface = SURFACES[int(rng.choice(len(SURFACES), p=SURFACE_P))]
+    slots = SURFACE_SLOTS[surface]
+    pool = cat.ads_by_category[session_cat]
+    targeted = rng.random(slots) < cfg.targeting
+    ads = rng.choice(len(cat.ad_popularity), size=slots, p=cat.ad_popularity)
+    if pool.size:
+        ads = np.where(targeted, rng.choice(pool, size=slots), ads)
+    ad_cat = cat.ad_category[ads]
+    ad_brand = cat.ad_brand[ads]
+    base = cfg.bias_logit + cat.ad_quality[ads] + st.long_term * log_interest[ad_cat]
+    # log1p saturates both memories: the tenth same-category view adds little over the third.
+    full = base + st.session * np.log1p(mem.session_term(ts, ad_cat, decay_ms, 0)) \
+        + st.long_range * np.log1p(mem.brand_term(ts, ad_brand, half_life_ms, 0))
+    serving = base + st.session * np.log1p(mem.session_term(ts, ad_cat, decay_ms, SERVING_DELAY_MS)) \
+        + st.long_range * np.log1p(mem.brand_term(ts, ad_brand, half_life_ms, SERVING_DELAY_MS))
+    exam = cat.examination[surface][:slots]
+    p_rel = _sigmoid(full)
+    p_click = exam * p_rel
+    p_serving = exam * _sigmoid(serving)
+    clicked = rng.random(slots) < p_click
+    request_id = f"q{user}-{request_no}"
+    for k in range(slots):
+        ad = int(ads[k])
+        impression_id = f"{request_id}-{k + 1}"
+        out.impressions.append({
+            "request_id": request_id, "impression_id": impression_id, "user_id": user, "ts_ms": ts,
+            "ad_id": ad, "campaign_id": int(cat.ad_campaign[ad]), "advertiser_id": int(cat.ad_advertiser[ad]),
+            "category_id": int(ad_cat[k]), "brand_id": int(ad_brand[k]), "position": k + 1,
+            "surface": surface, "device": device,
+        })
+        out.oracle.append((impression_id, request_id, user, ts, ad, surface, k + 1,
+                           float(p_click[k]), float(p_serving[k]), float(p_rel[k]), bool(clicked[k])))
+        if clicked[k]:
+            click_ts = ts + 2_000 + min(int(rng.exponential(40_000)), 30 * 60_000 - 2_000)
+            # Relevance drives the click type and dwell: relevant ads get carted and read longer.
+            rel = float(p_rel[k])
+            kind = rng.choice(3, p=_click_type_p(rel))
+            dwell = None if rng.random() < 0.1 else int(rng.lognormal(math.log(4_000) + 2.0 * rel, 0.6))
+            out.clicks.append({
+                "impression_id": impression_id, "request_id": request_id, "user_id": user, "ad_id": ad,
+                "ts_ms": click_ts, "click_type": landing.CLICK_TYPES[kind], "dwell_ms": dwell,
+            })
+            mem.add_interest(click_ts, int(ad_cat[k]))
+
+
+def _click_type_p(rel: float) -> np.ndarray:
+    cart = 0.05 + 0.5 * rel
+    follow = 0.08
+    return np.array([1.0 - cart - follow, cart, follow])
+
+
+def _behavior(cat: Catalog, rng, out: UserStream, mem: _Memory, user: int, ts: int, session_cat: int,
+              interest, last_item: int, repeat: float) -> int:
+    if last_item >= 0 and rng.random() < repeat:
+        item = last_item
+    else:
+        pool = cat.items_by_category[session_cat if rng.random() < 0.8 else int(rng.choice(len(interest), p=interest))]
+        item = int(rng.choice(pool)) if pool.size else int(rng.integers(len(cat.item_category)))
+    action = landing.ACTIONS[int(rng.choice(4, p=ACTION_PROBS))]
+    category = int(cat.item_category[item])
+    brand = int(cat.item_brand[item])
+    out.behaviors.append({"user_id": user, "ts_ms": ts, "item_id": item, "category_id": category,
+                          "brand_id": brand, "action": action})
+    mem.add_interest(ts, category)
+    if action in MEMORY_WEIGHT:
+        mem.add_brand(ts, brand, MEMORY_WEIGHT[action])
+    return item

@@ -1,0 +1,153 @@
+"""The simulated ad world: users, ads, organic items and the true click model.
+
+The world is the yardstick of the project: for every impression it knows the true click probability,
+so the best achievable AUC is known. Each effect a sequence model should exploit is an explicit term
+of the click logit with its own strength, so an ablation can switch it off:
+
+    p_click = examination(surface, position) * sigmoid(bias + quality[ad]
+              + long_term   * log(C * interest[user, category[ad]])     (sparse Dirichlet interests)
+              + session     * sum_{recent events e of the same category} exp(-age_e / session_decay)
+              + long_range  * sum_{cart/fav/buy e of the same brand} weight_e * 0.5^(age_e / half_life))
+
+The session term decays within minutes, so it "mostly acts within the hour": under serving
+visibility (nothing newer than one hour) it nearly vanishes, which is why training with a delay mask
+matters. The long-range term lives for weeks, so a long-history model beats a short-history one.
+Examination per surface follows a position-bias curve whose first three slots have the shape of the
+real left/center/right CTRs of the Open Bandit Dataset (random policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# CTR by slot (left, center, right) of the Open Bandit Dataset small sample, random logging policy,
+# all three campaigns pooled: 38/9935, 51/10174, 41/9891 clicks/impressions (../shared/data/
+# open_bandit_dataset_small; recomputed by tests/test_simulator.py::test_obd_position_shape).
+OBD_SLOT_CTR = (38 / 9935, 51 / 10174, 41 / 9891)
+
+
+@dataclass(frozen=True)
+class Strengths:
+    """Strength of each effect in the click logit (0 switches it off)."""
+
+    long_term: float = 0.45       # weight of log(C * interest) for the ad's category
+    session: float = 0.9          # weight per recent same-category event (decay below)
+    session_decay_min: float = 15.0
+    long_range: float = 1.2       # weight of decayed same-brand cart/fav/buy memory
+    long_range_half_life_days: float = 21.0
+    quality: float = 0.5          # std of per-ad quality in logit units
+    position_bias: float = 1.0    # 0: flat examination, 1: the full curve
+    repeat: float = 0.55          # probability that an organic event revisits the previous item
+
+
+@dataclass(frozen=True)
+class DefectRates:
+    """Per-line probabilities of each log defect (see transforms/simulator/defects.py)."""
+
+    duplicate_line: float = 0.01
+    duplicate_impression_id: float = 0.005
+    malformed_json: float = 0.004
+    missing_key: float = 0.003
+    bad_type: float = 0.003
+    out_of_order: float = 0.02
+    late_logged_click: float = 0.03   # a click of day D written to D+1's file although it happened on D
+    extra_field_from_day: int = 2     # index of the first day whose impressions carry an unknown field
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    n_users: int = 300
+    n_days: int = 8
+    start_date: str = "2026-01-01"
+    n_categories: int = 24
+    n_brands: int = 120
+    n_ads: int = 2_000
+    n_advertisers: int = 150
+    n_campaigns: int = 500
+    n_items: int = 8_000
+    interest_concentration: float = 0.15   # Dirichlet alpha per category: small = sparse interests
+    sessions_per_day: float = 2.0           # mean over users; per-user rates are log-normal (long tail)
+    activity_sigma: float = 1.1
+    events_per_session: float = 9.0
+    ad_request_share: float = 0.3           # share of session events that are ad requests
+    targeting: float = 0.6                  # share of shown ads drawn from the session's category
+    bias_logit: float = -4.6
+    strengths: Strengths = field(default_factory=Strengths)
+    defects: DefectRates = field(default_factory=DefectRates)
+
+
+PRESETS: dict[str, WorldConfig] = {
+    "tiny": WorldConfig(n_users=40, n_days=4, n_ads=300, n_items=800, n_campaigns=80, n_advertisers=30, n_brands=40),
+    "demo": WorldConfig(n_users=300, n_days=8),
+    "large": WorldConfig(n_users=7_000, n_days=21, n_ads=20_000, n_items=60_000, n_campaigns=4_000,
+                         n_advertisers=1_000, n_brands=600, sessions_per_day=2.2),
+}
+
+SURFACE_SLOTS = {"feed": 5, "search": 8, "detail": 3}
+SURFACE_SHARE = {"feed": 0.6, "search": 0.25, "detail": 0.15}
+SURFACE_SCALE = {"feed": 1.0, "search": 0.9, "detail": 0.7}
+TAIL_DECAY = 0.72  # examination ratio between consecutive slots after the third
+
+
+def examination_table(strength: float) -> dict[str, np.ndarray]:
+    """Examination probability per surface and 1-based slot (index 0 = slot 1)."""
+    head = np.array(OBD_SLOT_CTR) / max(OBD_SLOT_CTR)
+    table = {}
+    for surface, slots in SURFACE_SLOTS.items():
+        curve = np.empty(slots)
+        curve[: min(3, slots)] = head[: min(3, slots)]
+        for k in range(3, slots):
+            curve[k] = curve[k - 1] * TAIL_DECAY
+        curve = SURFACE_SCALE[surface] * curve
+        table[surface] = 1.0 - strength * (1.0 - curve)
+    return table
+
+
+@dataclass
+class Catalog:
+    """Everything about ads and organic items that does not depend on a user."""
+
+    ad_category: np.ndarray
+    ad_brand: np.ndarray
+    ad_campaign: np.ndarray
+    ad_advertiser: np.ndarray
+    ad_quality: np.ndarray
+    ad_popularity: np.ndarray
+    ads_by_category: list[np.ndarray]
+    item_category: np.ndarray
+    item_brand: np.ndarray
+    items_by_category: list[np.ndarray]
+    examination: dict[str, np.ndarray]
+
+    @classmethod
+    def build(cls, cfg: WorldConfig, seed: int) -> "Catalog":
+        rng = np.random.default_rng([seed, 0xCA7])
+        c = cfg.n_categories
+        campaign_advertiser = rng.integers(0, cfg.n_advertisers, cfg.n_campaigns)
+        ad_campaign = rng.integers(0, cfg.n_campaigns, cfg.n_ads)
+        ad_category = rng.integers(0, c, cfg.n_ads)
+        # Brands belong to categories, so "related" (same brand) ads share a category too.
+        brand_category = rng.integers(0, c, cfg.n_brands)
+        brands_by_category = [np.flatnonzero(brand_category == k) for k in range(c)]
+        for k in range(c):
+            if brands_by_category[k].size == 0:
+                brands_by_category[k] = np.array([k % cfg.n_brands])
+        ad_brand = np.array([rng.choice(brands_by_category[k]) for k in ad_category])
+        item_category = rng.integers(0, c, cfg.n_items)
+        item_brand = np.array([rng.choice(brands_by_category[k]) for k in item_category])
+        popularity = rng.zipf(1.6, cfg.n_ads).astype(float)
+        return cls(
+            ad_category=ad_category,
+            ad_brand=ad_brand,
+            ad_campaign=ad_campaign,
+            ad_advertiser=campaign_advertiser[ad_campaign],
+            ad_quality=rng.normal(0.0, cfg.strengths.quality, cfg.n_ads),
+            ad_popularity=popularity / popularity.sum(),
+            ads_by_category=[np.flatnonzero(ad_category == k) for k in range(c)],
+            item_category=item_category,
+            item_brand=item_brand,
+            items_by_category=[np.flatnonzero(item_category == k) for k in range(c)],
+            examination=examination_table(cfg.strengths.position_bias),
+        )
