@@ -108,7 +108,10 @@ def _summarise(day: str, result) -> DayResult:
         failure = result.get_run_failure_event()
         error = failure.message if failure else "run failed"
         for step in result.get_step_failure_events():
-            error = f"{step.step_key}: {step.event_specific_data.error.message.strip().splitlines()[-1]}"
+            cause = step.event_specific_data.error
+            while cause.cause is not None:  # the user's exception, not Dagster's wrapper
+                cause = cause.cause
+            error = f"{step.step_key}: {cause.message.strip()}"
     return DayResult(day, result.success, figures, failed, error)
 
 

@@ -1,0 +1,108 @@
+"""The dbt-duckdb stage: position CTR and buckets, item/user stats, user_sequences, training_samples.
+
+One dbt invocation per run covers the run's whole partition range (single-run backfills); dbt
+tests surface as asset checks. A range that ends before the last built day is extended to it,
+because rebuilding day D invalidates every later state (transforms/sequences.py).
+"""
+
+
+import datetime as dt
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import dagster as dg
+from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_assets
+
+from pipelines.partitions import daily_partitions
+from pipelines.resources import GenrankPaths
+from transforms import sequences
+
+dbt_project = DbtProject(project_dir=sequences.DBT_PROJECT_DIR, profiles_dir=sequences.DBT_PROJECT_DIR)
+MANIFEST = sequences.ensure_manifest()
+
+
+class SequenceTranslator(DagsterDbtTranslator):
+    def get_asset_key(self, dbt_resource_props: Mapping[str, Any]) -> dg.AssetKey:
+        if dbt_resource_props["resource_type"] == "source":
+            return dg.AssetKey(dbt_resource_props["name"])
+        return super().get_asset_key(dbt_resource_props)
+
+    def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
+        return "sequences"
+
+
+def dbt_resource() -> DbtCliResource:
+    return DbtCliResource(project_dir=dbt_project, profiles_dir=sequences.DBT_PROJECT_DIR,
+                          dbt_executable=str(Path(sys.executable).with_name("dbt")))
+
+
+class SequenceBuildConfig(dg.Config):
+    """Knobs of the sequence build; defaults match transforms/dbt/dbt_project.yml."""
+
+    max_seq_len: int = 4096              # events kept per user (TM20K keeps 20K; 4K fits a 2-core CPU)
+    n_position_buckets: int = 2          # K position buckets (CADET: 2)
+    position_ctr_window_days: int = 14   # trailing window of the historical position CTR
+
+
+@dbt_assets(
+    manifest=MANIFEST,
+    project=dbt_project,
+    partitions_def=daily_partitions,
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    dagster_dbt_translator=SequenceTranslator(),
+    pool="duckdb",
+    name="sequence_models",
+)
+def sequence_models(context: dg.AssetExecutionContext, dbt: DbtCliResource, paths: GenrankPaths,
+                    config: SequenceBuildConfig):
+    window = context.partition_time_window
+    start = window.start.date().isoformat()
+    end = (window.end - dt.timedelta(days=1)).date().isoformat()
+    plan = sequences.plan_window(paths.root, start, end)
+    if plan.extended:
+        context.log.info(f"rebuilding {start}..{end} invalidates later state: extended the window to {plan.end}")
+    # The dbt profile and sources read GENRANK_HOME; the subprocess inherits it from here.
+    os.environ["GENRANK_HOME"] = str(paths.root)
+    events = list(dbt.cli(["build", "--vars", json.dumps(plan.dbt_vars(**config.model_dump()))], context=context).stream())
+    exports = [sequences.export_day(paths.root, day) for day in plan.days]
+    last = exports[-1]
+    extra: dict[str, dict[str, Any]] = {
+        "training_samples": {
+            "window": f"{plan.start}..{plan.end}",
+            "window_extended": plan.extended,
+            "samples": sum(e.samples for e in exports),
+            "rows": sum(e.sample_rows for e in exports),
+            "targets": sum(e.targets for e in exports),
+            "target_ctr": sum(e.target_ctr * e.targets for e in exports) / max(sum(e.targets for e in exports), 1),
+            "history_len_mean": last.history_mean,
+            "history_len_p50": last.history_p50,
+            "history_len_p90": last.history_p90,
+            "history_len_max": last.history_max,
+            "path": dg.MetadataValue.path(last.path),
+            "per_day": dg.MetadataValue.json([e.__dict__ for e in exports]),
+        },
+        "user_sequences": {
+            "appended_events": sum(e.appended_events for e in exports),
+            "path": dg.MetadataValue.path(str(paths.lake / "user_sequences")),
+        },
+        "position_buckets": {
+            "buckets": dg.MetadataValue.md(_bucket_markdown(sequences.position_bucket_table(paths.root, plan.end))),
+        },
+    }
+    for event in events:
+        model = event.output_name.removeprefix("model_genrank_") if isinstance(event, dg.Output) else None
+        if model in extra:
+            event = event.with_metadata({**event.metadata, **extra[model]})
+        yield event
+
+
+def _bucket_markdown(rows: list[dict]) -> str:
+    lines = ["| surface | position | historical CTR | impressions | bucket |", "|---|---|---|---|---|"]
+    for r in rows:
+        ctr = "-" if r["historical_ctr"] != r["historical_ctr"] or r["historical_ctr"] is None else f"{r['historical_ctr']:.4f}"
+        imps = "-" if r["historical_impressions"] != r["historical_impressions"] or r["historical_impressions"] is None else f"{int(r['historical_impressions'])}"
+        lines.append(f"| {r['surface']} | {r['position']} | {ctr} | {imps} | {r['position_bucket']} |")
+    return "\n".join(lines)

@@ -1,0 +1,214 @@
+"""Sequence building around the dbt-duckdb project: input checks, window planning, Parquet exports.
+
+The dbt project (transforms/dbt) builds, for a window of days [start, end], the daily tables in
+``warehouse.duckdb``: position_ctr, position_buckets, item_stats, user_stats, the incremental
+``user_sequences`` store and ``training_samples``. This module holds what surrounds one invocation:
+
+* ``check_event_partitions``: every day of the window has an events partition with the expected
+  columns and types, else a ``SequenceInputError`` that names the day and the column;
+* ``plan_window``: the rule that rebuilding day D invalidates state(D..): a window that ends before
+  the last day already built is extended to it, so later days are recomputed consistently;
+* ``export_day``: the day's samples and appended sequence events as Parquet, written atomically.
+
+Exported layout (what models/data.py streams): ``lake/training_samples/date=D/part-0.parquet`` is a
+flat table, one row per event, rows contiguous per user and sorted by (user_id, event_rank), written
+in row groups of ROW_GROUP_ROWS; a sample is a run of rows with one user_id; ``is_target`` marks D's
+impressions. ``lake/user_sequences/date=D/part-0.parquet`` holds the events appended on D with
+their ``seq_index`` (the user's state as of D is every earlier partition's rows of that user with
+seq_index > length(D) - max_seq_len).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+DBT_PROJECT_DIR = Path(__file__).resolve().parent / "dbt"
+ROW_GROUP_ROWS = 65_536
+
+# Columns the dbt staging model reads from the event lake, with the Arrow type families accepted.
+EXPECTED_EVENT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "event_kind": ("string",), "user_id": ("string",), "ts_ms": ("int",), "request_id": ("string",),
+    "impression_id": ("string",), "item_id": ("string",), "campaign_id": ("string",),
+    "advertiser_id": ("string",), "category_id": ("string",), "brand_id": ("string",),
+    "position": ("int",), "surface": ("string",), "device": ("string",), "action": ("string",),
+    "label": ("int",), "click_type": ("string",), "dwell_ms": ("int",),
+}
+
+
+class SequenceInputError(ValueError):
+    """The event lake cannot feed the sequence build; the message names the day and the column."""
+
+
+def _days(start: str, end: str) -> list[str]:
+    s, e = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
+    return [(s + dt.timedelta(days=i)).isoformat() for i in range((e - s).days + 1)]
+
+
+def _family(arrow_type) -> str:
+    text = str(arrow_type)
+    if text in ("string", "large_string") or text.startswith("string"):
+        return "string"
+    if "int" in text:
+        return "int"
+    return text
+
+
+def check_event_partitions(home: Path, start: str, end: str) -> dict[str, int]:
+    """Rows per day of the window; raise SequenceInputError for a missing or reshaped partition."""
+    rows = {}
+    for day in _days(start, end):
+        part = Path(home) / "lake" / "events" / f"date={day}"
+        files = sorted(part.glob("*.parquet")) if part.is_dir() else []
+        if not files:
+            raise SequenceInputError(
+                f"events partition {day} is missing ({part} has no Parquet file): materialise events for {day} first")
+        n = 0
+        for f in files:
+            schema = pq.read_schema(f)
+            for column, families in EXPECTED_EVENT_COLUMNS.items():
+                if column not in schema.names:
+                    raise SequenceInputError(f"events partition {day}: column {column!r} is missing in {f.name}")
+                got = _family(schema.field(column).type)
+                if got not in families:
+                    raise SequenceInputError(
+                        f"events partition {day}: column {column!r} has type {schema.field(column).type}, "
+                        f"expected {' or '.join(families)} ({f.name})")
+            n += pq.ParquetFile(f).metadata.num_rows
+        rows[day] = n
+    return rows
+
+
+@dataclass(frozen=True)
+class Window:
+    start: str
+    end: str
+    requested_end: str
+
+    @property
+    def extended(self) -> bool:
+        return self.end != self.requested_end
+
+    @property
+    def days(self) -> list[str]:
+        return _days(self.start, self.end)
+
+    def dbt_vars(self, **extra) -> dict:
+        return {"start_date": self.start, "end_date": self.end, **extra}
+
+
+def last_built_day(warehouse: Path) -> str | None:
+    if not Path(warehouse).exists():
+        return None
+    import duckdb
+
+    with duckdb.connect(str(warehouse), read_only=True) as con:
+        if not con.execute("select count(*) from information_schema.tables where table_name = 'user_sequences'").fetchone()[0]:
+            return None
+        last = con.execute("select max(added_date) from user_sequences").fetchone()[0]
+    return last.isoformat() if last else None
+
+
+def plan_window(home: Path, start: str, end: str) -> Window:
+    """The window to build: [start, max(end, last built day)], after checking its event partitions."""
+    last = last_built_day(Path(home) / "warehouse.duckdb")
+    if last:
+        following = (dt.date.fromisoformat(last) + dt.timedelta(days=1)).isoformat()
+        if start > following:
+            raise SequenceInputError(
+                f"user_sequences is built up to {last}; day {following} must be built before {start} "
+                "(state(D) extends state(D-1))")
+    window = Window(start, last if last and last > end else end, end)
+    check_event_partitions(home, window.start, window.end)
+    return window
+
+
+def _atomic_copy(con, query: str, final: Path) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        con.execute(f"copy ({query}) to '{staging / 'part-0.parquet'}' (format parquet, row_group_size {ROW_GROUP_ROWS})")
+        if final.exists():
+            old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+            final.rename(old)
+            staging.rename(final)
+            shutil.rmtree(old)
+        else:
+            staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+@dataclass
+class DayExport:
+    day: str
+    samples: int
+    sample_rows: int
+    targets: int
+    target_ctr: float
+    history_mean: float
+    history_p50: float
+    history_p90: float
+    history_max: int
+    appended_events: int
+    path: str
+
+
+def export_day(home: Path, day: str) -> DayExport:
+    import duckdb
+
+    home = Path(home)
+    with duckdb.connect(str(home / "warehouse.duckdb"), read_only=True) as con:
+        _atomic_copy(con, f"select * exclude (sample_date) from training_samples where sample_date = '{day}' "
+                          "order by user_id, event_rank", home / "lake" / "training_samples" / f"date={day}")
+        _atomic_copy(con, f"select * from user_sequences where added_date = '{day}' order by user_id, seq_index",
+                     home / "lake" / "user_sequences" / f"date={day}")
+        stats = con.execute(f"""
+            with per_sample as (
+                select user_id,
+                       count(*) filter (where event_date < sample_date) as history,
+                       count(*) filter (where is_target) as targets,
+                       sum(label) filter (where is_target) as clicks,
+                       count(*) as n
+                from training_samples where sample_date = '{day}' group by user_id)
+            select count(*), coalesce(sum(n), 0), coalesce(sum(targets), 0), coalesce(sum(clicks), 0),
+                   coalesce(avg(history), 0), coalesce(quantile_cont(history, 0.5), 0),
+                   coalesce(quantile_cont(history, 0.9), 0), coalesce(max(history), 0)
+            from per_sample""").fetchone()
+        appended = con.execute(f"select count(*) from user_sequences where added_date = '{day}'").fetchone()[0]
+    samples, rows, targets, clicks, mean, p50, p90, mx = stats
+    return DayExport(day, int(samples), int(rows), int(targets), float(clicks) / max(int(targets), 1),
+                     float(mean), float(p50), float(p90), int(mx), int(appended),
+                     str(home / "lake" / "training_samples" / f"date={day}"))
+
+
+def position_bucket_table(home: Path, day: str) -> list[dict]:
+    import duckdb
+
+    with duckdb.connect(str(Path(home) / "warehouse.duckdb"), read_only=True) as con:
+        df = con.execute(
+            f"select surface, position, historical_ctr, historical_impressions, position_bucket "
+            f"from position_buckets where as_of_date = '{day}' order by surface, position").df()
+    return df.to_dict("records")
+
+
+def ensure_manifest(project_dir: Path = DBT_PROJECT_DIR) -> Path:
+    """target/manifest.json of the dbt project, (re)running `dbt parse` when it is missing or stale."""
+    manifest = project_dir / "target" / "manifest.json"
+    sources = [p for pattern in ("*.sql", "*.yml") for p in project_dir.rglob(pattern) if "target" not in p.parts]
+    if not manifest.exists() or max(p.stat().st_mtime for p in sources) > manifest.stat().st_mtime:
+        dbt = Path(sys.executable).with_name("dbt")
+        env = {**os.environ, "DBT_SEND_ANONYMOUS_USAGE_STATS": "false"}
+        subprocess.run([str(dbt), "parse", "--project-dir", str(project_dir), "--profiles-dir", str(project_dir)],
+                       check=True, capture_output=True, env=env)
+    return manifest
