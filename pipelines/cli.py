@@ -21,7 +21,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_import(args: argparse.Namespace) -> int:
     from transforms.importers import import_dataset
 
-    report = import_dataset(args.dataset, Path(args.src), Path(args.out), limit_users=args.limit_users)
+    options = {k: v for k, v in {
+        "since": args.since, "until": args.until, "fill_gaps": args.fill_gaps or None,
+        "policy": args.policy, "campaigns": args.campaigns, "fmt": args.format,
+        "history": False if args.no_history else None,
+    }.items() if v is not None}
+    report = import_dataset(args.dataset, Path(args.src), Path(args.out), limit_users=args.limit_users, **options)
     print(report.summary())
     return 0 if report.reconciled else 1
 
@@ -59,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--src", required=True, help="the dataset's folder")
     p.add_argument("--out", default=home, help="data root to write into (default GENRANK_HOME)")
     p.add_argument("--limit-users", type=int, default=None, help="take only the first N users (a slice)")
+    p.add_argument("--since", help="first UTC day to land (YYYY-MM-DD); earlier rows are counted as dropped")
+    p.add_argument("--until", help="last UTC day to land")
+    p.add_argument("--fill-gaps", action="store_true", help="also land empty days so partitions are contiguous")
+    p.add_argument("--policy", help="obd: random (default, unbiased positions) or bts")
+    p.add_argument("--campaigns", help="obd: comma-separated subset of all,men,women")
+    p.add_argument("--format", help="ebnerd: auto (default), parquet or tsv")
+    p.add_argument("--no-history", action="store_true", help="mind: leave the untimed click histories out")
     p.set_defaults(func=_cmd_import)
 
     p = sub.add_parser("run", help="materialise the daily pipeline for every complete landing day (or a range)")

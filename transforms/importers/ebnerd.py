@@ -1,0 +1,306 @@
+"""EB-NeRD (Ekstra Bladet News Recommendation Dataset, test fixture) -> landing zone.
+
+Source files (``--src`` is the folder): ``behaviors.parquet`` and ``history.parquet`` (read with
+pyarrow), or their derived twins ``behaviors.tsv`` / ``history.tsv`` (header, tab-separated, list
+columns space-joined) when pyarrow is missing or ``fmt="tsv"``. Both give identical landing bytes.
+
+Mapping:
+
+* each behaviors row is one request (``request_id`` = ``eb-r{impression_id}``) at ``impression_time``;
+  EB-NeRD times are naive (local Danish time per the dataset notes) and are read as UTC wall-clock
+  time, so the logged hour of day is kept;
+* every article of ``article_ids_inview`` -> one **impression** line (``impression_id`` =
+  ``eb-i{impression_id}-{k}``, k = 0-based index in the list), ``ad_id`` = ``campaign_id`` = article id,
+  ``advertiser_id`` = ``ekstrabladet``, ``category_id`` = ``brand_id`` = ``unknown`` (the fixture has no
+  articles.parquet, so no article side info);
+* every article of ``article_ids_clicked`` -> one **click** on its in-view impression at ``ts_ms`` + 1 s
+  (clamped to the same UTC day), ``click_type`` ``view_details``, ``dwell_ms`` = ``next_read_time`` x 1000
+  (the read time on the clicked article; null when missing). A clicked id absent from the in-view
+  list could not be attributed and would be counted as dropped (none in the fixture);
+* ``position`` = 1: EB-NeRD has no display position and its in-view order is shuffled;
+* ``surface``: ``article_id`` empty (front page) -> ``feed``, otherwise (article page) -> ``detail``;
+* ``device`` from ``device_type`` via :data:`DEVICE_MAP`: 1 (desktop) -> ``web``, 2 (mobile) ->
+  ``android``, 3 (tablet) -> ``ios``. The landing vocabulary (ios/android/web) has no desktop/mobile/
+  tablet; the operating system is **not** in the data, so ``android``/``ios`` here only mean
+  "mobile"/"tablet". Missing or other codes -> ``web`` (counted in the report's notes);
+* every read in history (``article_id_fixed`` at ``impression_time_fixed``: the 21 days before the
+  behaviors window) -> one **behavior** line, ``action`` ``view``, at its real timestamp; all 44
+  history users are landed, the 6 without behaviors included.
+* The page the impression happened on (``article_id``) is not landed as a separate read.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from transforms.importers.common import (
+    REASON_OUTSIDE_RANGE,
+    REASON_USER_SLICE,
+    UNKNOWN,
+    Accounting,
+    ImportReport,
+    LandingBuffer,
+    SourceDataError,
+    Window,
+    click_ts,
+    finish,
+    naive_utc_ms,
+    read_csv,
+    require_dir,
+    require_file,
+    sort_key,
+    user_slice,
+)
+
+DATASET = "ebnerd"
+DEVICE_MAP = {1: "web", 2: "android", 3: "ios"}
+DEFAULT_DEVICE = "web"
+BEHAVIOR_COLUMNS = ("impression_id", "article_id", "impression_time", "device_type", "article_ids_inview",
+                    "article_ids_clicked", "user_id", "next_read_time")
+HISTORY_COLUMNS = ("user_id", "impression_time_fixed", "article_id_fixed")
+REASON_NO_INVIEW = "empty article_ids_inview"
+REASON_CLICK_NOT_IN_VIEW = "clicked article not in article_ids_inview"
+REASON_NO_TIME = "read without a timestamp"
+
+
+def _have_pyarrow() -> bool:
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _read_parquet(path: Path, columns: tuple[str, ...]) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(path).names
+    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for truncated or non-parquet files
+        raise SourceDataError(f"{path}: corrupt or unreadable parquet file ({exc})") from exc
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise SourceDataError(f"{path}: lacks column(s) {missing}; columns are {names}")
+    try:
+        return pq.read_table(path, columns=list(columns)).to_pylist()
+    except Exception as exc:
+        raise SourceDataError(f"{path}: corrupt or unreadable parquet file ({exc})") from exc
+
+
+def _opt(value: str) -> str | None:
+    return value if value not in ("", "nan", "NaN", "None") else None
+
+
+def _tsv_int(value: str, path: Path, line: int, column: str) -> int | None:
+    value = _opt(value)
+    if value is None:
+        return None
+    try:
+        f = float(value)
+        if not f.is_integer():
+            raise ValueError
+        return int(f)
+    except ValueError:
+        raise SourceDataError(f"{path} line {line}: column {column!r} is not an integer: {value!r}") from None
+
+
+def _tsv_time(value: str, path: Path, line: int, column: str) -> dt.datetime | None:
+    value = _opt(value)
+    if value is None:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise SourceDataError(f"{path} line {line}: column {column!r} is not a timestamp: {value!r}") from None
+
+
+def _read_behaviors_tsv(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for line, r in read_csv(path, BEHAVIOR_COLUMNS, delimiter="\t", quoting=csv.QUOTE_NONE):
+        nrt = _opt(r["next_read_time"])
+        try:
+            next_read = float(nrt) if nrt is not None else None
+        except ValueError:
+            raise SourceDataError(f"{path} line {line}: column 'next_read_time' is not a number: {nrt!r}") from None
+        rows.append({
+            "impression_id": _tsv_int(r["impression_id"], path, line, "impression_id"),
+            "article_id": _tsv_int(r["article_id"], path, line, "article_id"),
+            "impression_time": _tsv_time(r["impression_time"], path, line, "impression_time"),
+            "device_type": _tsv_int(r["device_type"], path, line, "device_type"),
+            "article_ids_inview": [_tsv_int(v, path, line, "article_ids_inview") for v in r["article_ids_inview"].split()],
+            "article_ids_clicked": [_tsv_int(v, path, line, "article_ids_clicked") for v in r["article_ids_clicked"].split()],
+            "user_id": _tsv_int(r["user_id"], path, line, "user_id"),
+            "next_read_time": next_read,
+            "_line": line,
+        })
+    return rows
+
+
+def _read_history_tsv(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for line, r in read_csv(path, HISTORY_COLUMNS, delimiter="\t", quoting=csv.QUOTE_NONE):
+        rows.append({
+            "user_id": _tsv_int(r["user_id"], path, line, "user_id"),
+            "impression_time_fixed": [_tsv_time(v, path, line, "impression_time_fixed")
+                                      for v in r["impression_time_fixed"].split()],
+            "article_id_fixed": [_tsv_int(v, path, line, "article_id_fixed") for v in r["article_id_fixed"].split()],
+            "_line": line,
+        })
+    return rows
+
+
+def _source(src: Path, stem: str, fmt: str) -> tuple[Path, str]:
+    if fmt not in ("auto", "parquet", "tsv"):
+        raise SourceDataError(f"ebnerd: fmt={fmt!r} is not one of 'auto', 'parquet', 'tsv'")
+    if fmt == "parquet" or (fmt == "auto" and _have_pyarrow() and (src / f"{stem}.parquet").exists()):
+        if not _have_pyarrow():
+            raise SourceDataError("ebnerd: fmt='parquet' needs pyarrow, which is not installed (use fmt='tsv')")
+        return require_file(src, f"{stem}.parquet", DATASET), "parquet"
+    if fmt == "auto" and not (src / f"{stem}.tsv").exists():
+        raise SourceDataError(f"ebnerd: source file {src / (stem + '.parquet')} (or {stem}.tsv) is missing")
+    return require_file(src, f"{stem}.tsv", DATASET), "tsv"
+
+
+def _id(value: Any, path: Path, row: int, column: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        raise SourceDataError(f"{path} row {row}: column {column!r} is null")
+    return str(value)
+
+
+def import_ebnerd(
+    src: str | Path,
+    out: str | Path,
+    limit_users: int | None = None,
+    *,
+    fmt: str = "auto",
+    since: str | None = None,
+    until: str | None = None,
+    fill_gaps: bool = False,
+) -> ImportReport:
+    started = time.perf_counter()
+    src = require_dir(src, DATASET)
+    b_path, b_fmt = _source(src, "behaviors", fmt)
+    h_path, h_fmt = _source(src, "history", fmt)
+    window = Window.of(since, until)
+    acc, buf = Accounting(), LandingBuffer()
+
+    behaviors = _read_parquet(b_path, BEHAVIOR_COLUMNS) if b_fmt == "parquet" else _read_behaviors_tsv(b_path)
+    histories = _read_parquet(h_path, HISTORY_COLUMNS) if h_fmt == "parquet" else _read_history_tsv(h_path)
+    B, H = b_path.name, h_path.name
+    inview_key, clicked_key, reads_key = f"{B} [article_ids_inview]", f"{B} [article_ids_clicked]", f"{H} [reads]"
+
+    # validate and normalise
+    rows = []
+    for i, r in enumerate(behaviors, start=1):
+        where = r.get("_line", i)
+        when = r["impression_time"]
+        if not isinstance(when, dt.datetime):
+            raise SourceDataError(f"{b_path} row {where}: impression_time is missing")
+        rows.append({
+            "impression_id": _id(r["impression_id"], b_path, where, "impression_id"),
+            "user": _id(r["user_id"], b_path, where, "user_id"),
+            "ts": naive_utc_ms(when),
+            "front_page": r["article_id"] is None,
+            "device_type": r["device_type"],
+            "inview": [_id(a, b_path, where, "article_ids_inview") for a in (r["article_ids_inview"] or [])],
+            "clicked": [_id(a, b_path, where, "article_ids_clicked") for a in (r["article_ids_clicked"] or [])],
+            "dwell": r["next_read_time"],
+        })
+    hist = []
+    for i, r in enumerate(histories, start=1):
+        where = r.get("_line", i)
+        times, arts = r["impression_time_fixed"] or [], r["article_id_fixed"] or []
+        if len(times) != len(arts):
+            raise SourceDataError(
+                f"{h_path} row {where}: impression_time_fixed has {len(times)} entries but article_id_fixed {len(arts)}"
+            )
+        hist.append((_id(r["user_id"], h_path, where, "user_id"),
+                     [(naive_utc_ms(t) if isinstance(t, dt.datetime) else None, _id(a, h_path, where, "article_id_fixed"))
+                      for t, a in zip(times, arts)]))
+
+    acc.source_rows[B] = len(rows)
+    acc.source_rows[inview_key] = sum(len(r["inview"]) for r in rows)
+    acc.source_rows[clicked_key] = sum(len(r["clicked"]) for r in rows)
+    acc.source_rows[H] = len(hist)
+    acc.source_rows[reads_key] = sum(len(reads) for _, reads in hist)
+
+    keep_users = user_slice([r["user"] for r in rows] + [u for u, _ in hist], limit_users)
+    landed_rows = landed_clicks = 0
+    odd_devices = 0
+    for r in rows:
+        reason = None
+        if keep_users is not None and r["user"] not in keep_users:
+            reason = REASON_USER_SLICE
+        elif not window.contains(r["ts"]):
+            reason = REASON_OUTSIDE_RANGE
+        elif not r["inview"]:
+            reason = REASON_NO_INVIEW
+        if reason:
+            acc.drop(B, reason)
+            if r["inview"]:
+                acc.drop(inview_key, reason, len(r["inview"]))
+            if r["clicked"]:
+                acc.drop(clicked_key, reason, len(r["clicked"]))
+            continue
+        landed_rows += 1
+        request_id, user, ts = f"eb-r{r['impression_id']}", r["user"], r["ts"]
+        device = DEVICE_MAP.get(r["device_type"])
+        if device is None:
+            device, odd_devices = DEFAULT_DEVICE, odd_devices + 1
+        surface = "feed" if r["front_page"] else "detail"
+        index: dict[str, int] = {}
+        for k, article in enumerate(r["inview"]):
+            index.setdefault(article, k)
+            buf.add("impressions", {
+                "request_id": request_id, "impression_id": f"eb-i{r['impression_id']}-{k}", "user_id": user,
+                "ts_ms": ts, "ad_id": article, "campaign_id": article, "advertiser_id": "ekstrabladet",
+                "category_id": UNKNOWN, "brand_id": UNKNOWN, "position": 1, "surface": surface, "device": device,
+            })
+        dwell = r["dwell"]
+        dwell_ms = None if dwell is None or (isinstance(dwell, float) and math.isnan(dwell)) else int(round(dwell * 1000))
+        for article in r["clicked"]:
+            if article not in index:
+                acc.drop(clicked_key, REASON_CLICK_NOT_IN_VIEW)
+                continue
+            buf.add("clicks", {
+                "impression_id": f"eb-i{r['impression_id']}-{index[article]}", "request_id": request_id,
+                "user_id": user, "ad_id": article, "ts_ms": click_ts(ts), "click_type": "view_details",
+                "dwell_ms": dwell_ms,
+            })
+            landed_clicks += 1
+
+    landed_reads = 0
+    for user, reads in sorted(hist, key=lambda h: sort_key(h[0])):
+        for ts, article in reads:
+            if keep_users is not None and user not in keep_users:
+                acc.drop(reads_key, REASON_USER_SLICE)
+            elif ts is None:
+                acc.drop(reads_key, REASON_NO_TIME)
+            elif not window.contains(ts):
+                acc.drop(reads_key, REASON_OUTSIDE_RANGE)
+            else:
+                buf.add("behaviors", {
+                    "user_id": user, "ts_ms": ts, "item_id": article,
+                    "category_id": UNKNOWN, "brand_id": UNKNOWN, "action": "view",
+                })
+                landed_reads += 1
+
+    acc.expected["impressions"] = acc.source_rows[inview_key] - acc.dropped_for(inview_key)
+    acc.expected["clicks"] = acc.source_rows[clicked_key] - acc.dropped_for(clicked_key)
+    acc.expected["behaviors"] = acc.source_rows[reads_key] - acc.dropped_for(reads_key)
+    acc.balance(f"{B} rows = rows landed + rows dropped", len(rows), landed_rows + acc.dropped_for(B))
+    acc.balance(f"{clicked_key} = clicks landed + dropped", acc.source_rows[clicked_key],
+                landed_clicks + acc.dropped_for(clicked_key))
+    acc.balance(f"{reads_key} = behaviors landed + dropped", acc.source_rows[reads_key],
+                landed_reads + acc.dropped_for(reads_key))
+    acc.notes.append(f"read {B} and {H} ({b_fmt}/{h_fmt}); naive times read as UTC")
+    if odd_devices:
+        acc.notes.append(f"{odd_devices} requests with a missing or unknown device_type landed as device '{DEFAULT_DEVICE}'")
+    options = {"limit_users": limit_users, "fmt": None if fmt == "auto" else fmt, "since": window.since,
+               "until": window.until, "fill_gaps": fill_gaps}
+    return finish(DATASET, src, Path(out), options, acc, buf, fill_gaps, started, window)
