@@ -48,6 +48,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if run_days(None, None).ok else 1
 
 
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    from deploy.registry import CTR, default_registry
+
+    demoted, restored = default_registry(Path(args.home).resolve()).rollback(CTR)
+    print(f"{CTR}: champion moved back from v{demoted} to v{restored} (v{demoted} is tagged rolled_back_at)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     home = str(settings.genrank_home())
     parser = argparse.ArgumentParser(prog="genrank", description=__doc__)
@@ -84,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="demo")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("rollback", help="move the genrank-ctr champion alias back to the previous version")
+    p.add_argument("--home", default=home)
+    p.set_defaults(func=_cmd_rollback)
     return parser
 
 

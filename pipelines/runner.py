@@ -55,13 +55,32 @@ class RunSummary:
 
     @property
     def ok(self) -> bool:
-        return bool(self.days) and all(d.success and not d.failed_checks for d in self.days)
+        """Every day ran; a challenger refused by a gate is a decision, not a failure of the run."""
+        return bool(self.days) and all(d.success or _only_gates_failed(d) for d in self.days)
 
 
-# Metadata keys worth a column in the printed per-day summary, per asset.
-SUMMARY_KEYS: dict[str, tuple[str, ...]] = {
-    "events": ("impressions", "clicks", "ctr", "behaviors", "quarantined", "duplicates"),
+def _only_gates_failed(d: "DayResult") -> bool:
+    return bool(d.failed_checks) and all(c.startswith("challenger_evaluation:gate_") for c in d.failed_checks)
+
+
+# Metadata keys worth a column in the printed per-day summary: (asset, key) -> label.
+SUMMARY_KEYS: dict[tuple[str, str], str] = {
+    ("events", "impressions"): "impressions",
+    ("events", "ctr"): "ctr",
+    ("events", "quarantined"): "quarantined",
+    ("events", "duplicates"): "duplicates",
+    ("training_samples", "samples"): "samples",
+    ("training_samples", "history_len_p90"): "hist_p90",
+    ("teacher_logits", "auc"): "teacher_auc",
+    ("challenger_evaluation", "challenger_auc"): "student_auc",
+    ("challenger_evaluation", "reference_auc"): "reference_auc",
+    ("challenger_evaluation", "compared_with"): "vs",
+    ("challenger_evaluation", "decision"): "decision",
+    ("challenger_evaluation", "reasons"): "why",
+    ("promotion", "champion_version"): "champion",
 }
+TEACHER_MIN_DAYS = 2      # the first teacher waits for two days of samples (one to train, one to validate)
+TEACHER_EVERY_DAYS = 7    # then it is retrained weekly, like the weekly schedule
 
 
 def run_days(start: str | None, end: str | None, home: Path | None = None) -> RunSummary:
@@ -73,21 +92,85 @@ def run_days(start: str | None, end: str | None, home: Path | None = None) -> Ru
     instance = prepare_instance(home)
     from pipelines.definitions import defs
 
-    job = defs.resolve_job_def("daily_job")
-    landed = set(landing.complete_days(home))
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    daily = defs.resolve_job_def("daily_job")
+    teacher = defs.resolve_job_def("teacher_job")
+    oracle = _oracle_auc_by_day(home)
     results = []
+    last_teacher_day: str | None = None
     for day in days:
-        next_missing = (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat() not in landed
-        result = job.execute_in_process(
-            partition_key=day, instance=instance, raise_on_error=False,
-            tags={"genrank/next_day_missing": str(next_missing).lower(), "genrank/launched_by": "cli"},
-        )
+        result = daily.execute_in_process(partition_key=day, instance=instance, raise_on_error=False, run_config=quiet,
+                                          tags={"genrank/launched_by": "cli"})
         results.append(_summarise(day, result))
+        if day in oracle:
+            results[-1].figures["oracle_auc"] = oracle[day]
         print(_format_day(results[-1]), flush=True)
+        if _teacher_due(home, day, last_teacher_day):
+            t = teacher.execute_in_process(instance=instance, raise_on_error=False, run_config=quiet,
+                                           tags={"genrank/launched_by": "cli"})
+            meta = _materialization_metadata(t, "teacher_model")
+            print(f"{day}  teacher retrained after the day: version {meta.get('version')}, "
+                  f"validation AUC {_fmt(meta.get('val_auc'))} on {meta.get('validation_day')}"
+                  + ("" if t.success else f"  FAILED: {_summarise(day, t).error}"), flush=True)
+            last_teacher_day = day
     summary = RunSummary(results)
-    print(f"\n{sum(r.success for r in results)}/{len(results)} days succeeded; Dagster runs are in "
-          f"{os.environ['DAGSTER_HOME']} (open them with `dagster dev -w workspace.yaml`)")
+    print(f"\n{sum(r.success for r in results)}/{len(results)} days succeeded.")
+    print(_champion_line(home))
+    print(f"Dagster: DAGSTER_HOME={os.environ['DAGSTER_HOME']} dagster dev -w workspace.yaml  (http://localhost:3000)")
+    print(f"MLflow:  mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}  (http://localhost:5000)")
     return summary
+
+
+def _teacher_due(home: Path, day: str, last_teacher_day: str | None) -> bool:
+    samples = sorted(p.name.removeprefix("date=") for p in (home / "lake" / "training_samples").glob("date=*"))
+    if len(samples) < TEACHER_MIN_DAYS:
+        return False
+    if last_teacher_day is None:
+        return _current_teacher(home) is None
+    gap = (dt.date.fromisoformat(day) - dt.date.fromisoformat(last_teacher_day)).days
+    return gap >= TEACHER_EVERY_DAYS
+
+
+def _current_teacher(home: Path):
+    from deploy import registry
+
+    return registry.default_registry(home).by_alias(registry.TEACHER, "current")
+
+
+def _champion_line(home: Path) -> str:
+    from deploy import registry
+
+    champion = registry.default_registry(home).by_alias(registry.CTR, "champion")
+    if champion is None:
+        return "No champion yet (the first candidate is promoted once it beats the historical-CTR baseline)."
+    return (f"Champion: {registry.CTR} v{champion.version} (trained on {champion.tags.get('partition')}, "
+            f"teacher v{champion.tags.get('teacher_version')}, out-of-time AUC {champion.tags.get('oot_auc', '?')}); "
+            f"models:/{registry.CTR}@champion")
+
+
+def _oracle_auc_by_day(home: Path) -> dict[str, float]:
+    """The simulator's best achievable AUC per day (serving visibility), when the data is simulated."""
+    folder = home / "simulator" / "oracle"
+    if not folder.is_dir():
+        return {}
+    import pandas as pd
+    from sklearn.metrics import roc_auc_score
+
+    out = {}
+    for part in sorted(folder.glob("date=*/oracle.parquet")):
+        df = pd.read_parquet(part, columns=["p_click_serving", "clicked", "logged"])
+        df = df[df["logged"]]
+        if df["clicked"].nunique() == 2:
+            out[part.parent.name.removeprefix("date=")] = float(roc_auc_score(df["clicked"], df["p_click_serving"]))
+    return out
+
+
+def _materialization_metadata(result, asset: str) -> dict:
+    for event in result.get_asset_materialization_events():
+        mat = event.event_specific_data.materialization
+        if mat.asset_key.to_user_string() == asset:
+            return {k: v.value for k, v in mat.metadata.items()}
+    return {}
 
 
 def _summarise(day: str, result) -> DayResult:
@@ -95,9 +178,9 @@ def _summarise(day: str, result) -> DayResult:
     for event in result.get_asset_materialization_events():
         mat = event.event_specific_data.materialization
         asset = mat.asset_key.to_user_string()
-        for key in SUMMARY_KEYS.get(asset, ()):
-            if key in mat.metadata:
-                figures[f"{asset}.{key}"] = mat.metadata[key].value
+        for key, value in mat.metadata.items():
+            if (asset, key) in SUMMARY_KEYS:
+                figures[SUMMARY_KEYS[asset, key]] = value.value
     failed = [
         f"{e.asset_key.to_user_string()}:{e.check_name}"
         for e in result.get_asset_check_evaluations()
@@ -118,7 +201,7 @@ def _summarise(day: str, result) -> DayResult:
 def _format_day(r: DayResult) -> str:
     status = "ok" if r.success and not r.failed_checks else "FAILED"
     parts = [f"{r.day}  {status:6s}"]
-    parts += [f"{k.split('.', 1)[1]}={_fmt(v)}" for k, v in r.figures.items()]
+    parts += [f"{k}={_fmt(v)}" for k, v in r.figures.items()]
     if r.failed_checks:
         parts.append("failed checks: " + ", ".join(r.failed_checks))
     if r.error:

@@ -1,18 +1,18 @@
 """The landing sensor: notices complete landing days and starts the daily run for the day they complete.
 
-Day D is processed once D+1 has landed (late clicks of D arrive in D+1's files). The newest day is
-processed after ``GENRANK_LATE_GRACE_HOURS`` without D+1, with ``genrank/next_day_missing=true``; when
-D+1 lands later, D runs again (a rerun replaces the partition exactly).
+Day D is processed once D+1 has landed (late clicks of D arrive in D+1's files). Without D+1 it is
+processed once D+1 has ended plus ``GENRANK_LATE_GRACE_HOURS`` (the events asset's rule), tagged
+``genrank/next_day_missing=true``; when D+1 lands later, D runs again (a rerun replaces it exactly).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import time
 
 import dagster as dg
 
+from assets.events import next_day_decision
 from pipelines import settings
 from pipelines.jobs import daily_job
 from pipelines.resources import GenrankPaths
@@ -23,17 +23,14 @@ def _next(day: str) -> str:
     return (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
 
 
-def ready_partitions(complete: list[str], grace_hours: float, now: float, root) -> list[tuple[str, bool]]:
-    """(day, next_day_missing) for every landed day whose inputs are ready now."""
+def ready_partitions(complete: list[str], grace_hours: float, now: dt.datetime) -> list[tuple[str, bool]]:
+    """(day, next_day_missing) for every landed day whose inputs are ready now (the events asset's rule)."""
     have = set(complete)
     ready = []
     for day in complete:
-        if _next(day) in have:
-            ready.append((day, False))
-        else:
-            marker = landing.day_dir(root, day) / landing.SUCCESS_MARKER
-            if now - marker.stat().st_mtime >= grace_hours * 3600:
-                ready.append((day, True))
+        decision = next_day_decision(day, _next(day) in have, now, grace_hours)
+        if decision != "wait":
+            ready.append((day, decision == "skip"))
     return ready
 
 
@@ -57,6 +54,6 @@ def landing_sensor(context: dg.SensorEvaluationContext, paths: GenrankPaths) -> 
             run_key=f"{day}:{'grace' if missing else 'complete'}",
             tags={"genrank/next_day_missing": str(missing).lower()},
         )
-        for day, missing in ready_partitions(complete, grace, time.time(), paths.root)
+        for day, missing in ready_partitions(complete, grace, dt.datetime.now(dt.timezone.utc))
     ]
     return dg.SensorResult(run_requests=runs, asset_events=events, cursor=json.dumps(sorted(reported | set(new_days))))

@@ -212,3 +212,29 @@ def ensure_manifest(project_dir: Path = DBT_PROJECT_DIR) -> Path:
         subprocess.run([str(dbt), "parse", "--project-dir", str(project_dir), "--profiles-dir", str(project_dir)],
                        check=True, capture_output=True, env=env)
     return manifest
+
+
+def bucket_ctr_baseline(home: Path, day: str):
+    """The per-bucket historical-CTR baseline for D's target impressions.
+
+    Each impression is predicted the impression-weighted historical CTR of its position bucket as of D
+    (the trailing window of position_ctr, so nothing of D itself). Columns match models.predict
+    with labels: impression_id, user_id, position_bucket, p, label.
+    """
+    import duckdb
+
+    with duckdb.connect(str(Path(home) / "warehouse.duckdb"), read_only=True) as con:
+        df = con.execute(f"""
+            with bucket_ctr as (
+                select position_bucket,
+                       sum(historical_ctr * historical_impressions) / sum(historical_impressions) as ctr
+                from position_buckets
+                where as_of_date = '{day}' and historical_ctr is not null
+                group by position_bucket)
+            select t.impression_id, t.user_id, t.position_bucket, b.ctr as p, t.label
+            from training_samples t left join bucket_ctr b using (position_bucket)
+            where t.sample_date = '{day}' and t.is_target""").df()
+    if df.empty or df["p"].isna().all():
+        raise ValueError(f"no historical position CTR before {day}: the baseline needs at least one earlier day")
+    df["p"] = df["p"].fillna(df["p"].mean())
+    return df

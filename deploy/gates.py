@@ -1,0 +1,74 @@
+"""Promotion gates: may yesterday's challenger replace the champion, judged on today's data?
+
+Each gate compares out-of-time metrics (computed under serving conditions on day D) of the
+challenger with those of the current champion, or, while there is no champion yet, with the
+per-bucket historical-CTR baseline (the first model must beat it). A gate result says what was
+compared and why it passed or failed, so the refusal reason reaches the registry and Dagster.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    auc_tolerance: float = 0.002       # challenger AUC may trail the champion's by this much (noise)
+    logloss_tolerance: float = 0.005   # challenger log-loss may exceed the champion's by this much
+    calibration_band: tuple[float, float] = (0.5, 2.0)  # predicted / observed CTR per position bucket
+    calibration_min_clicks: int = 20   # a bucket with fewer clicks is too noisy to judge
+    latency_budget_ms: float = 50.0    # p99 scoring time of one request (CADET: p99 < 50 ms)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    name: str
+    passed: bool
+    observed: float
+    threshold: float
+    reason: str
+
+
+def _fmt(x: float) -> str:
+    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
+
+
+def evaluate_gates(challenger: dict, reference: dict, reference_name: str, latency_p99_ms: float,
+                   cfg: GateConfig = GateConfig()) -> list[GateResult]:
+    """``reference`` is the champion's metrics, or the baseline's when there is no champion."""
+    first_model = reference_name == "baseline"
+    results = []
+    auc_floor = reference["auc"] if first_model else reference["auc"] - cfg.auc_tolerance
+    ok = challenger["auc"] > auc_floor if first_model else challenger["auc"] >= auc_floor
+    results.append(GateResult(
+        "auc", bool(ok), challenger["auc"], auc_floor,
+        f"challenger AUC {_fmt(challenger['auc'])} {'>' if first_model else '>='} {reference_name} "
+        f"AUC {_fmt(reference['auc'])}{'' if first_model else f' - {cfg.auc_tolerance}'}: {'yes' if ok else 'no'}"))
+    ll_ceiling = reference["logloss"] if first_model else reference["logloss"] + cfg.logloss_tolerance
+    ok = challenger["logloss"] < ll_ceiling if first_model else challenger["logloss"] <= ll_ceiling
+    results.append(GateResult(
+        "logloss", bool(ok), challenger["logloss"], ll_ceiling,
+        f"challenger log-loss {_fmt(challenger['logloss'])} vs {reference_name} {_fmt(reference['logloss'])}"
+        f"{'' if first_model else f' + {cfg.logloss_tolerance}'}: {'ok' if ok else 'worse'}"))
+    lo, hi = cfg.calibration_band
+    bad = []
+    judged = 0
+    k = 0
+    while f"bucket{k}_calibration" in challenger:
+        ratio, n = challenger[f"bucket{k}_calibration"], challenger.get(f"bucket{k}_n", 0)
+        clicks = challenger.get(f"bucket{k}_clicks", n * challenger.get("ctr", 0.0))
+        if clicks >= cfg.calibration_min_clicks:
+            judged += 1
+            if not (lo <= ratio <= hi):
+                bad.append(f"bucket {k}: {_fmt(ratio)}")
+        k += 1
+    results.append(GateResult(
+        "calibration", not bad, float(len(bad)), 0.0,
+        (f"predicted/observed CTR outside [{lo}, {hi}] in " + ", ".join(bad)) if bad
+        else f"{judged} bucket(s) with >= {cfg.calibration_min_clicks} clicks inside [{lo}, {hi}]"))
+    ok = latency_p99_ms <= cfg.latency_budget_ms
+    results.append(GateResult(
+        "latency", bool(ok), latency_p99_ms, cfg.latency_budget_ms,
+        f"p99 request scoring {latency_p99_ms:.1f} ms {'<=' if ok else '>'} budget {cfg.latency_budget_ms} ms"))
+    return results

@@ -1,0 +1,185 @@
+"""The MLflow model registry as genrank uses it: versions, aliases, promotion and rollback.
+
+Registered models: ``genrank-teacher`` (alias ``current``: the teacher whose logits are cached) and
+``genrank-ctr`` (the served student; aliases ``champion`` = serving, ``challenger`` = waiting for
+tomorrow's out-of-time evaluation, ``previous`` = what ``genrank rollback`` restores). Every version
+is a pyfunc model wrapping the torch checkpoint, logged with an input example and a signature; its
+tags carry the data window, teacher version, code version, metrics and the gate decision, and its
+description is a short model card.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+TEACHER = "genrank-teacher"
+CTR = "genrank-ctr"
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+
+
+def code_version() -> str:
+    """A content hash of models/ (what decides a trained model's behaviour), stable across clones."""
+    h = hashlib.sha256()
+    for p in sorted(MODELS_DIR.rglob("*.py")):
+        h.update(p.relative_to(MODELS_DIR).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def data_fingerprint(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for folder in sorted(paths):
+        for f in sorted(Path(folder).glob("*.parquet")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+class GenrankPyfunc:
+    """MLflow pyfunc wrapper: scores a training-samples-shaped DataFrame with the torch checkpoint."""
+
+    def load_context(self, context) -> None:
+        from models import load_model
+
+        self.model = load_model(context.artifacts["checkpoint"])
+
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        from models import predict
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "part-0.parquet"
+            model_input.to_parquet(path, index=False)
+            out = predict(self.model, str(path))
+        return out.drop(columns=["user_id"])
+
+
+def _pyfunc_class():
+    import mlflow.pyfunc
+
+    return type("GenrankModel", (GenrankPyfunc, mlflow.pyfunc.PythonModel), {"__module__": __name__})
+
+
+@dataclass
+class Registry:
+    tracking_uri: str
+    artifact_root: Path
+
+    def __post_init__(self) -> None:
+        import mlflow
+        from mlflow import MlflowClient
+
+        os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+        mlflow.set_tracking_uri(self.tracking_uri)
+        mlflow.set_registry_uri(self.tracking_uri)
+        self.client = MlflowClient(self.tracking_uri, self.tracking_uri)
+
+    def experiment_id(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        Path(self.artifact_root).mkdir(parents=True, exist_ok=True)
+        return self.client.create_experiment(name, artifact_location=(Path(self.artifact_root) / name).resolve().as_uri())
+
+    def log_version(self, name: str, run_id: str, checkpoint: Path, input_example: pd.DataFrame,
+                    output_example: pd.DataFrame, tags: dict[str, str], description: str) -> str:
+        """Log the checkpoint as a pyfunc model under ``run_id`` and register it; returns the version."""
+        import mlflow
+        from mlflow.models import infer_signature
+
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=_pyfunc_class()(),
+                artifacts={"checkpoint": str(checkpoint)},
+                input_example=input_example,
+                signature=infer_signature(input_example, output_example),
+                pip_requirements=["genrank"],  # the project itself: avoids slow requirement inference
+            )
+        mv = self.client.create_model_version(name, info.model_uri, run_id=run_id, tags=tags, description=description)
+        self._wait_ready(name, mv.version)
+        return mv.version
+
+    def ensure_registered(self, name: str, description: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            self.client.create_registered_model(name, description=description)
+
+    def _wait_ready(self, name: str, version: str, timeout_s: float = 60) -> None:
+        deadline = time.time() + timeout_s
+        while self.client.get_model_version(name, version).status != "READY":
+            if time.time() > deadline:
+                raise RuntimeError(f"{name} v{version} did not become READY in {timeout_s} s")
+            time.sleep(0.2)
+
+    def by_alias(self, name: str, alias: str):
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_model_version_by_alias(name, alias)
+        except MlflowException:
+            return None
+
+    def find(self, name: str, **tags: str):
+        """The newest version of ``name`` whose tags match all of ``tags`` (None if none)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            versions = self.client.search_model_versions(f"name = '{name}'")
+        except MlflowException:
+            return None
+        hits = [v for v in versions if all(v.tags.get(k) == str(t) for k, t in tags.items())]
+        return max(hits, key=lambda v: int(v.version)) if hits else None
+
+    def checkpoint(self, name: str, version: str, dst: Path) -> Path:
+        """Download a version's torch checkpoint; returns its local path."""
+        import mlflow.artifacts
+
+        mv = self.client.get_model_version(name, version)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst))
+        files = sorted(Path(local).rglob("*.pt"))
+        if not files:
+            raise FileNotFoundError(f"{name} v{version}: no .pt checkpoint under {local}")
+        return files[0]
+
+    def tag(self, name: str, version: str, tags: dict[str, object]) -> None:
+        for k, v in tags.items():
+            self.client.set_model_version_tag(name, version, k, v if isinstance(v, str) else json.dumps(v))
+
+    def promote(self, name: str, version: str, reason: str) -> str | None:
+        """champion := version; the old champion becomes previous. Returns the old champion's version."""
+        old = self.by_alias(name, "champion")
+        if old is not None and old.version == str(version):
+            return None
+        if old is not None:
+            self.client.set_registered_model_alias(name, "previous", old.version)
+        self.client.set_registered_model_alias(name, "champion", str(version))
+        self.tag(name, str(version), {"promoted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                      "promotion_reason": reason})
+        return old.version if old is not None else None
+
+    def rollback(self, name: str = CTR) -> tuple[str, str]:
+        """champion := previous; returns (demoted version, restored version)."""
+        champion, previous = self.by_alias(name, "champion"), self.by_alias(name, "previous")
+        if previous is None or champion is None:
+            raise ValueError(f"{name}: nothing to roll back to (champion={getattr(champion, 'version', None)}, "
+                             f"previous={getattr(previous, 'version', None)})")
+        self.client.set_registered_model_alias(name, "champion", previous.version)
+        self.client.delete_registered_model_alias(name, "previous")
+        self.tag(name, champion.version, {"rolled_back_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        return champion.version, previous.version
+
+
+def default_registry(home: Path, tracking_uri: str | None = None) -> Registry:
+    return Registry(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(home) / 'mlflow.db'}",
+                    Path(home) / "mlartifacts")

@@ -1,0 +1,119 @@
+"""End to end on the tiny world: `genrank run` materialises the whole graph for every day, a champion
+is promoted, a deliberately broken challenger is refused by the gates, and rollback restores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import dagster as dg
+import pytest
+
+from assets import training
+from deploy import registry as reg
+from pipelines.resources import GenrankPaths, MlflowResource
+from transforms.simulator import simulate
+
+pytestmark = pytest.mark.slow
+
+DAILY_ASSETS = ("events", "position_ctr", "position_buckets", "user_sequences", "training_samples",
+                "item_stats", "user_stats")
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory):
+    home = tmp_path_factory.mktemp("e2e")
+    report = simulate(preset="tiny", seed=0, out=home)
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI")}
+    env["GENRANK_HOME"] = str(home)
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--home", str(home)], env=env,
+                         capture_output=True, text=True, timeout=1800)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return home, report, out.stdout
+
+
+def _resources(home):
+    return {"paths": GenrankPaths(home=str(home)),
+            "mlflow": MlflowResource(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")}
+
+
+def test_every_day_materialises_with_all_checks_passing(pipeline_run):
+    home, report, stdout = pipeline_run
+    day_lines = [line for line in stdout.splitlines() if line[:10] in report.days and "teacher" not in line]
+    assert [line[:10] for line in day_lines] == report.days
+    assert all(line[12:14] == "ok" for line in day_lines), day_lines
+    assert "failed checks" not in stdout
+    instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
+    for asset in DAILY_ASSETS:
+        assert instance.get_materialized_partitions(dg.AssetKey(asset)) == set(report.days), asset
+    # the teacher arrives after day 2, so days 3.. have cached logits and candidates; day 4 promotes
+    assert instance.get_materialized_partitions(dg.AssetKey("teacher_logits")) == set(report.days[2:])
+    assert instance.get_materialized_partitions(dg.AssetKey("student_candidate")) == set(report.days[2:])
+    assert instance.get_materialized_partitions(dg.AssetKey("promotion")) == {report.days[3]}
+    assert instance.get_latest_materialization_event(dg.AssetKey("teacher_model")) is not None
+
+
+def test_a_champion_exists_with_its_evidence(pipeline_run):
+    home, report, stdout = pipeline_run
+    r = reg.default_registry(home)
+    champion = r.by_alias(reg.CTR, "champion")
+    assert champion is not None and champion.tags["partition"] == report.days[2]
+    assert champion.tags["gate_decision"] == "approved"
+    assert champion.tags["compared_with"] == "baseline"
+    for tag in ("teacher_version", "code_version", "data_window", "oot_auc", "oot_logloss", "latency_p99_ms"):
+        assert tag in champion.tags
+    assert "Champion: genrank-ctr v" in stdout
+    assert r.by_alias(reg.TEACHER, "current") is not None
+
+
+def test_broken_challenger_is_refused_then_forced_then_rolled_back(pipeline_run):
+    home, report, _ = pipeline_run
+    r = reg.default_registry(home)
+    champion = r.by_alias(reg.CTR, "champion")
+    day3, day4 = report.days[2], report.days[3]
+    broken = dg.materialize(
+        [training.student_candidate], partition_key=day3, resources=_resources(home),
+        run_config={"ops": {"student_candidate": {"config": {"shuffle_labels": True}}}},
+    )
+    broken_version = broken.get_asset_materialization_events()[0].event_specific_data.materialization.metadata["version"].value
+    assert broken_version != champion.version
+
+    gated = dg.materialize([training.challenger_evaluation, training.promotion, training.promotion_gates],
+                           partition_key=day4, resources=_resources(home), raise_on_error=False)
+    failed = {e.check_name for e in gated.get_asset_check_evaluations() if not e.passed}
+    assert "gate_auc" in failed
+    assert not gated.is_node_success("promotion")
+    assert r.by_alias(reg.CTR, "champion").version == champion.version
+    refused = r.client.get_model_version(reg.CTR, broken_version)
+    assert refused.tags["gate_decision"] == "refused" and "AUC" in refused.tags["gate_reasons"]
+    gates = json.loads((home / "lake" / "evaluations" / f"date={day4}" / "gates.json").read_text())
+    assert gates["challenger_version"] == broken_version
+
+    forced = dg.materialize([training.challenger_evaluation, training.promotion, training.promotion_gates],
+                            partition_key=day4, resources=_resources(home),
+                            run_config={"ops": {"challenger_evaluation": {"config": {"force": True}}}})
+    assert forced.success
+    assert r.by_alias(reg.CTR, "champion").version == broken_version
+    assert r.client.get_model_version(reg.CTR, broken_version).tags["gate_decision"] == "forced"
+    assert r.by_alias(reg.CTR, "previous").version == champion.version
+
+    from pipelines.cli import main
+
+    assert main(["rollback", "--home", str(home)]) == 0
+    assert r.by_alias(reg.CTR, "champion").version == champion.version
+    assert r.by_alias(reg.CTR, "previous") is None
+    with pytest.raises(ValueError, match="nothing to roll back to"):
+        r.rollback(reg.CTR)
+
+
+def test_rerunning_a_day_reuses_its_registered_candidate(pipeline_run):
+    home, report, _ = pipeline_run
+    r = reg.default_registry(home)
+    before = len(r.client.search_model_versions(f"name = '{reg.CTR}'"))
+    again = dg.materialize([training.student_candidate], partition_key=report.days[3], resources=_resources(home))
+    meta = again.get_asset_materialization_events()[0].event_specific_data.materialization.metadata
+    assert meta["reused"].value is True
+    assert len(r.client.search_model_versions(f"name = '{reg.CTR}'")) == before
