@@ -1,0 +1,170 @@
+"""Configuration dataclasses for the models package.
+
+Every default names its source: CADET = seed 000, TM20K = seed 001,
+HSTU/MTGR = seed 002, SORT = seed 003 (../shared/seeds). Defaults that the
+seeds do not give are marked "ours". Model *sizes* default to the seeds'
+production values; tests and the demo preset override them with tiny ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+HOUR_MS = 3_600_000
+YEAR_S = 365.0 * 24 * 3600
+
+
+@dataclass
+class FeatureConfig:
+    """Hashed-id embedding tables (rows per field). Row 0 of every field is null."""
+
+    item_buckets: int = 1 << 18        # ours: ad_id / item_id share one table (x d_model floats!)
+    campaign_buckets: int = 1 << 16    # ours
+    advertiser_buckets: int = 1 << 15  # ours
+    category_buckets: int = 1 << 12    # ours
+    brand_buckets: int = 1 << 15       # ours
+    surface_buckets: int = 64          # ours
+    device_buckets: int = 64           # ours
+    max_position: int = 50             # ours: positions above are clipped
+    dwell_buckets: int = 16            # ours: log2-second buckets
+    hash_key: str = "genrank-hash-v01"  # 16 chars, pandas.util.hash_array key
+
+    def table_sizes(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name.endswith("_buckets")}
+
+
+@dataclass
+class RoPEConfig:
+    """Time RoPE, angle_i(t) = t * phi_min / dt_max * base^(2i/d) (CADET eq., seed 000)."""
+
+    mode: str = "time"        # "time" (CADET), "index" (standard RoPE, ablation) or "none"
+    dt_max_s: float = YEAR_S  # CADET: maximum look-back, 1 year
+    phi_min: float = 1e-4     # CADET: rotation of the slowest pair over dt_max
+    base: float = 6e5         # CADET: ratio fastest/slowest; barely separates hours (see DESIGN)
+    index_base: float = 10000.0  # standard RoPE base for mode="index"
+
+
+@dataclass
+class MaskConfig:
+    """The single interval contract: query q attends keys in [lo_q, hi_q) plus itself."""
+
+    delay_ms: int = HOUR_MS      # CADET: training-time delay mask, 1 h
+    train_delay: bool = True     # CADET ablation: False trains with delay 0; validation always uses delay_ms
+    window: int | None = None    # SORT local attention window W (None = full history)
+    n_global: int = 0            # SORT: the newest G history tokens keep the full range (global queries)
+
+
+@dataclass
+class BackboneConfig:
+    d_model: int = 352           # CADET offline model: hidden 352
+    n_layers: int = 8            # CADET: 8 layers
+    n_heads: int = 4             # CADET: 4 heads
+    mlp_ratio: float = 2.0       # TM20K: SwiGLU 1024 for hidden 512
+    dropout: float = 0.0
+    input_gate: bool = True      # CADET self-gate before attention
+    qk_gate: bool = True         # CADET gates on projected Q and K
+    qk_norm: bool = True         # TM20K: QK-norm, needed for late-training stability
+    n_buckets: int = 2           # CADET: K=2 position buckets (slots 1-4, 5+)
+    prior_ctr: float = 0.05      # ours: heads start at this CTR (a typical ad CTR), not at 0.5
+    n_click_types: int = 4       # none + view_details / add_to_cart / follow
+    aux_click_type_weight: float = 0.1  # ours: CADET gives no weights for aux heads
+    aux_dwell_weight: float = 0.1       # ours
+    attn_backend: str = "auto"   # "auto" | "reference" | "triton" | "naive"
+    attn_chunk: int = 128        # query chunk of the torch reference
+
+
+@dataclass
+class TeacherConfig:
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    rope: RoPEConfig = field(default_factory=RoPEConfig)
+    mask: MaskConfig = field(default_factory=MaskConfig)
+    max_len: int = 4096          # CADET: sequence length 4096 (configurable up to 20K, TM20K)
+
+
+@dataclass
+class StudentConfig:
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    # TM20K: teacher and student share the architecture; the student differs by its tokens
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    rope: RoPEConfig = field(default_factory=RoPEConfig)
+    mask: MaskConfig = field(default_factory=MaskConfig)
+    max_len: int = 4096            # history events kept (newest)
+    litm: bool = True
+    litm_T: int = 3                # TM20K: LITM max index gap T=3
+    patm: bool = True
+    # TM20K: segments [1,1000],[1001,5000],[5001,10000],[10001,20000] of a 20K history with
+    # factors [1,2,3,4]; stored as fractions of max_len (newest first) so they scale.
+    patm_bounds: tuple[float, ...] = (0.05, 0.25, 0.5, 1.0)
+    patm_factors: tuple[int, ...] = (1, 2, 3, 4)
+    lptm: bool = True
+    lptm_every: int = 2            # TM20K: pair-sum every 2 layers (of a 6-layer model)
+    kd_lambda: float = 50.0        # TM20K: CE + 50 x KD on the distill head
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 1e-3              # ours
+    weight_decay: float = 0.01    # ours
+    betas: tuple[float, float] = (0.9, 0.98)
+    grad_clip: float = 1.0        # ours
+    token_budget: int = 16384     # tokens per (per-rank) packed batch; CADET: fixed token budget
+    epochs: int = 1
+    max_steps: int | None = None
+    seed: int = 0
+    shuffle_buffer: int = 256     # samples held for the streaming shuffle
+    log_every: int = 10
+    ckpt_every: int = 100
+    warmup_steps: int = 20
+    amp_bf16: bool = True         # bf16 autocast, CUDA only
+    device: str | None = None     # None = cuda if available else cpu
+    progress: bool = False        # tqdm bar (log lines are always emitted)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _build(cls, d):
+    kwargs = {}
+    hints = {f.name: f for f in dataclasses.fields(cls)}
+    sub = {"features": FeatureConfig, "backbone": BackboneConfig, "rope": RoPEConfig, "mask": MaskConfig}
+    for k, v in d.items():
+        if k not in hints:
+            continue
+        if k in sub and isinstance(v, dict):
+            v = _build(sub[k], v)
+        elif isinstance(v, list):
+            v = tuple(v)
+        kwargs[k] = v
+    return cls(**kwargs)
+
+
+def from_dict(cls, d: dict):
+    return _build(cls, d)
+
+
+def preset(name: str) -> tuple[TeacherConfig, StudentConfig, TrainConfig]:
+    """(teacher, student, train) configs sized for the simulator presets.
+
+    tiny  - tests and smoke runs (seconds on one CPU thread)
+    demo  - the default pipeline run on 2 CPU cores (minutes)
+    large - the seeds' sizes (CADET backbone 352 x 8 layers, 4K teacher context), for a GPU
+    """
+    if name == "large":
+        return TeacherConfig(), StudentConfig(), TrainConfig()
+    if name == "demo":
+        fc = FeatureConfig(item_buckets=1 << 16, campaign_buckets=1 << 12, advertiser_buckets=1 << 11,
+                           category_buckets=1 << 10, brand_buckets=1 << 12)
+        bb = BackboneConfig(d_model=64, n_layers=4, n_heads=4)
+        tr = TrainConfig(lr=3e-3, weight_decay=0.1, token_budget=16384, warmup_steps=20, log_every=20, ckpt_every=200)
+        return (TeacherConfig(features=fc, backbone=bb, max_len=2048),
+                StudentConfig(features=fc, backbone=dataclasses.replace(bb), max_len=1024), tr)
+    if name == "tiny":
+        fc = FeatureConfig(item_buckets=1 << 12, campaign_buckets=512, advertiser_buckets=256, category_buckets=128,
+                           brand_buckets=256, surface_buckets=16, device_buckets=16)
+        bb = BackboneConfig(d_model=32, n_layers=2, n_heads=2)
+        tr = TrainConfig(lr=3e-3, weight_decay=0.1, token_budget=4096, warmup_steps=10, log_every=10, ckpt_every=100)
+        return (TeacherConfig(features=fc, backbone=bb, max_len=512),
+                StudentConfig(features=fc, backbone=dataclasses.replace(bb), max_len=256), tr)
+    raise ValueError(f"unknown preset {name!r} (tiny, demo, large)")

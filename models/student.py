@@ -1,0 +1,118 @@
+"""Student (served): TM20K token merging + dual-head distillation, MTGR/CADET candidate scoring.
+
+Input side (data.student_tokens): LITM then PATM groups of history events; here the group
+embedding is the sum of its members' embeddings (mass preserved). Packed layout per sample:
+[history groups | candidates]. History rows are causal; candidate rows see the history visible
+at their request time (t_req - delay) and themselves, never each other (masks.candidate_bounds).
+LPTM: before every `lptm_every`-th layer, adjacent history tokens are pair-summed (oldest first,
+an odd newest token stays alone); candidates are never merged; bounds are rebuilt after every merge.
+
+Heads: `logits` = main tower, trained on labels only, this is what serves; `distill_logits` =
+distill tower, trained on CE + kd_lambda x KD against the teacher's probability.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import StudentConfig
+from .data import Batch
+from .layers import (AuxHeads, Block, BucketHeads, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum, gather_bucket,
+                     init_weights, rope_positions)
+from .masks import candidate_bounds, lengths_to_offsets, seq_index
+
+
+def pair_merge(x: torch.Tensor, ts: torch.Tensor, lens: torch.Tensor):
+    """LPTM: sum tokens (2i, 2i+1) of every sequence's history. Returns (x, ts, lens)."""
+    off = lengths_to_offsets(lens)
+    seq = seq_index(off)
+    p = torch.arange(x.shape[0], device=x.device) - off[seq]
+    new_lens = (lens + 1) // 2
+    new_off = lengths_to_offsets(new_lens)
+    dst = new_off[seq] + p // 2
+    G = int(new_off[-1])
+    xn = torch.zeros(G, x.shape[1], dtype=x.dtype, device=x.device).index_add(0, dst, x)
+    tn = torch.full((G,), torch.iinfo(torch.long).min, dtype=torch.long, device=x.device).scatter_reduce(
+        0, dst, ts, "amax", include_self=True)
+    return xn, tn, new_lens
+
+
+class Student(nn.Module):
+    kind = "student"
+
+    def __init__(self, cfg: StudentConfig):
+        super().__init__()
+        self.cfg = cfg
+        b = cfg.backbone
+        self.embed = TokenEmbedding(cfg.features, b.d_model)
+        self.blocks = nn.ModuleList([Block(b) for _ in range(b.n_layers)])
+        self.rope = RoPE(cfg.rope, b.d_model // b.n_heads)
+        self.main_head = BucketHeads(b.d_model, b.n_buckets, b.prior_ctr)
+        self.distill_head = BucketHeads(b.d_model, b.n_buckets, b.prior_ctr)
+        self.aux = AuxHeads(b.d_model, b.n_click_types)
+        init_weights(self)
+        self.last_lengths: list[int] = []  # history tokens per stage (diagnostics)
+
+    def delay_ms(self, serving: bool) -> int:
+        m = self.cfg.mask
+        return int(m.delay_ms) if (serving or m.train_delay) else 0
+
+    def merge_layers(self) -> set[int]:
+        if not self.cfg.lptm or self.cfg.lptm_every <= 0:
+            return set()
+        return {i for i in range(1, len(self.blocks)) if i % self.cfg.lptm_every == 0}
+
+    def embed_history(self, batch: Batch) -> torch.Tensor:
+        t = batch.tensors
+        e = self.embed(t["ev_feats"])
+        G = int(t["hist_len"].sum())
+        return torch.zeros(G, e.shape[1], dtype=e.dtype, device=e.device).index_add(0, t["ev_group"], e)
+
+    def forward(self, batch: Batch, serving: bool = True) -> dict[str, torch.Tensor]:
+        t = batch.tensors
+        m = self.cfg.mask
+        xh = self.embed_history(batch)
+        xc = self.embed(t["cand_feats"])
+        hts, hlen, clen, cts = t["hist_ts"], t["hist_len"], t["cand_len"], t["cand_ts"]
+        cut = cts - self.delay_ms(serving)
+        merges = self.merge_layers()
+        self.last_lengths = []
+        x = None
+        for i, blk in enumerate(self.blocks):
+            if x is None or i in merges:
+                if x is not None:
+                    xh, xc = x[hpos], x[cpos]
+                    xh, hts, hlen = pair_merge(xh, hts, hlen)
+                off, hpos, cpos, lo, hi = candidate_bounds(hlen, hts, clen, cut, m.window, m.n_global)
+                T = int(off[-1])
+                x = torch.empty(T, xh.shape[1], dtype=xh.dtype, device=xh.device)
+                x = x.index_copy(0, hpos, xh).index_copy(0, cpos, xc)
+                ts = torch.empty(T, dtype=torch.long, device=xh.device).index_copy(0, hpos, hts).index_copy(0, cpos, cts)
+                cs = self.rope.angles(rope_positions(self.cfg.rope, ts, off))
+                self.last_lengths.append(int(hlen.sum()))
+            x = blk(x, lo, hi, cs)
+        h = x[cpos]
+        out = {"logits": self.main_head(h)}
+        if not serving:
+            out["distill_logits"] = self.distill_head(h)
+            out["click_type"], out["dwell"] = self.aux(h)
+        return out
+
+    def loss_sums(self, out, tg) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+        b = self.cfg.backbone
+        n = torch.tensor(float(tg["label"].numel()), device=tg["label"].device)
+        res = {"ctr": (ctr_loss_sum(out["logits"], tg["bucket"], tg["label"]), n, 1.0)}
+        if "distill_logits" in out:
+            res["ctr_distill"] = (ctr_loss_sum(out["distill_logits"], tg["bucket"], tg["label"]), n, 1.0)
+            p_t = tg["teacher_p"]
+            has = ~torch.isnan(p_t)
+            z = gather_bucket(out["distill_logits"], tg["bucket"]).float()[has]
+            pt = p_t[has].clamp(1e-6, 1 - 1e-6)
+            # KD = KL(teacher || student) for a Bernoulli = soft-label BCE minus the teacher's entropy
+            kd = F.binary_cross_entropy_with_logits(z, pt, reduction="sum") - F.binary_cross_entropy(pt, pt, reduction="sum")
+            res["kd"] = (kd, has.sum().float(), float(self.cfg.kd_lambda))
+            ct, dw, nd = aux_loss_sums(out["click_type"], out["dwell"], tg)
+            res["click_type"] = (ct, (tg["label"] > 0.5).sum().float(), b.aux_click_type_weight)
+            res["dwell"] = (dw, nd.float(), b.aux_dwell_weight)
+        return res

@@ -1,0 +1,58 @@
+"""Teacher: CADET-style decoder over interleaved (content, action) tokens (full history)."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .config import TeacherConfig
+from .data import Batch
+from .layers import AuxHeads, Block, BucketHeads, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum, init_weights, rope_positions
+from .masks import teacher_bounds
+
+
+class Teacher(nn.Module):
+    kind = "teacher"
+
+    def __init__(self, cfg: TeacherConfig):
+        super().__init__()
+        self.cfg = cfg
+        b = cfg.backbone
+        self.embed = TokenEmbedding(cfg.features, b.d_model)
+        self.blocks = nn.ModuleList([Block(b) for _ in range(b.n_layers)])
+        self.rope = RoPE(cfg.rope, b.d_model // b.n_heads)
+        self.heads = BucketHeads(b.d_model, b.n_buckets, b.prior_ctr)
+        self.aux = AuxHeads(b.d_model, b.n_click_types)
+        init_weights(self)
+
+    def delay_ms(self, serving: bool) -> int:
+        m = self.cfg.mask
+        return int(m.delay_ms) if (serving or m.train_delay) else 0
+
+    def bounds(self, batch: Batch, serving: bool):
+        t = batch.tensors
+        m = self.cfg.mask
+        return teacher_bounds(t["offsets"], t["ts"], t["is_target"], self.delay_ms(serving), m.window, m.n_global)
+
+    def forward(self, batch: Batch, serving: bool = True) -> dict[str, torch.Tensor]:
+        t = batch.tensors
+        x = self.embed(t["feats"])
+        lo, hi = self.bounds(batch, serving)
+        cs = self.rope.angles(rope_positions(self.cfg.rope, t["ts"], t["offsets"]))
+        for blk in self.blocks:
+            x = blk(x, lo, hi, cs)
+        h = x[t["is_target"]]
+        out = {"logits": self.heads(h)}
+        if not serving:
+            out["click_type"], out["dwell"] = self.aux(h)
+        return out
+
+    def loss_sums(self, out, tg) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+        """name -> (sum, count, weight); the trainer normalises by global counts."""
+        b = self.cfg.backbone
+        n = torch.tensor(float(tg["label"].numel()), device=tg["label"].device)
+        res = {"ctr": (ctr_loss_sum(out["logits"], tg["bucket"], tg["label"]), n, 1.0)}
+        if "click_type" in out:
+            ct, dw, nd = aux_loss_sums(out["click_type"], out["dwell"], tg)
+            res["click_type"] = (ct, (tg["label"] > 0.5).sum().float(), b.aux_click_type_weight)
+            res["dwell"] = (dw, nd.float(), b.aux_dwell_weight)
+        return res

@@ -1,0 +1,316 @@
+"""Training loop and the API the pipeline calls.
+
+    train_teacher(samples_paths, config, train=None, val_paths=None, ckpt_dir=None) -> TrainResult
+    train_student(samples_paths, teacher_probs, config, train=None, init_from=None, ...) -> TrainResult
+    predict(model, samples_paths) -> DataFrame(impression_id, user_id, position_bucket,
+                                               p_bucket_0..K-1, p, logit)
+    evaluate(model, samples_paths) -> dict (AUC, GAUC, log-loss, per-bucket calibration, lengths, tokens/s)
+    save_model(model, path) / load_model(path)
+
+AdamW (no decay on norms, biases, embeddings), linear warm-up, gradient clipping, bf16 autocast
+on CUDA only, atomic checkpoints with exact resume (model, optimizer, scheduler, data position,
+RNG), log lines with loss and tokens/s (and a tqdm bar if asked), DistributedDataParallel when
+launched with torchrun (gloo on CPU, NCCL on GPU): every rank reads the same deterministic stream
+of global batches and takes its balanced share; losses are normalised by the *global* counts so
+that N ranks compute exactly the gradient of one process on the same global batch.
+Validation and prediction always run under serving conditions (delay mask on, no aux heads).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .config import StudentConfig, TeacherConfig, TrainConfig, from_dict, to_dict
+from .data import PackedLoader, collate, split_for_ranks
+from .metrics import Throughput, effective_lengths, peak_memory_bytes, summarize_predictions
+from .student import Student
+from .teacher import Teacher
+
+log = logging.getLogger("genrank.models")
+
+
+# ----------------------------------------------------------------------------- models & files
+
+def build_model(cfg) -> nn.Module:
+    return Teacher(cfg) if isinstance(cfg, TeacherConfig) else Student(cfg)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
+def _atomic_save(obj, path: str):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def save_model(model: nn.Module, path: str, metadata: dict | None = None) -> str:
+    """Weights + config + kind in one file (atomic)."""
+    m = _unwrap(model)
+    _atomic_save({"kind": m.kind, "config": to_dict(m.cfg), "state_dict": m.state_dict(), "metadata": metadata or {}}, path)
+    return path
+
+
+def load_model(path: str, map_location="cpu") -> nn.Module:
+    blob = torch.load(path, map_location=map_location, weights_only=False)
+    cfg = from_dict(TeacherConfig if blob["kind"] == "teacher" else StudentConfig, blob["config"])
+    model = build_model(cfg)
+    model.load_state_dict(blob["state_dict"])
+    model.metadata = blob.get("metadata", {})
+    return model
+
+
+# ----------------------------------------------------------------------------- distributed
+
+def _dist_setup(device: torch.device) -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _device(train: TrainConfig) -> torch.device:
+    if train.device:
+        return torch.device(train.device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------- loop
+
+@dataclass
+class TrainResult:
+    model: nn.Module
+    step: int
+    history: list[dict] = field(default_factory=list)
+    val_metrics: dict = field(default_factory=dict)
+    throughput: dict = field(default_factory=dict)
+    checkpoint: str | None = None
+
+
+def _param_groups(model: nn.Module, wd: float):
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        (decay if p.dim() >= 2 and "embed" not in n else no_decay).append(p)
+    return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _global_counts(model, toks: list, device) -> dict[str, float]:
+    tg = [t.targets for t in toks]
+    lab = np.concatenate([t.label for t in tg])
+    return {"ctr": float(len(lab)), "ctr_distill": float(len(lab)), "click_type": float((lab > 0).sum()),
+            "dwell": float(sum((~np.isnan(t.log_dwell)).sum() for t in tg)),
+            "kd": float(sum((~np.isnan(t.teacher_p)).sum() for t in tg))}
+
+
+def _ckpt_path(ckpt_dir: str) -> str:
+    return os.path.join(ckpt_dir, "latest.pt")
+
+
+def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teacher_probs=None, val_paths=None,
+        ckpt_dir: str | None = None, resume: bool = True, log_fn=None) -> TrainResult:
+    """Trains `model` (Teacher or Student) on the samples; see module doc."""
+    train = train or TrainConfig()
+    device = _device(train)
+    rank, world = _dist_setup(device)
+    torch.manual_seed(train.seed)
+    core = model.to(device)
+    kind = core.kind
+    opt = torch.optim.AdamW(_param_groups(core, train.weight_decay), lr=train.lr, betas=train.betas)
+    warm = max(1, train.warmup_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+    step, epoch0, skip = 0, 0, 0
+    if ckpt_dir and resume and os.path.exists(_ckpt_path(ckpt_dir)):
+        ck = torch.load(_ckpt_path(ckpt_dir), map_location=device, weights_only=False)
+        core.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        sched.load_state_dict(ck["sched"])
+        step, epoch0, skip = ck["step"], ck["epoch"], ck["batch_in_epoch"]
+        torch.set_rng_state(ck["rng"].cpu())
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", _ckpt_path(ckpt_dir), step, epoch0, skip)
+    net = core
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None)
+    amp = device.type == "cuda" and train.amp_bf16
+    loader = PackedLoader(samples_paths, kind, core.cfg, train.token_budget, seed=train.seed,
+                          shuffle_buffer=train.shuffle_buffer, teacher_probs=teacher_probs, world=world)
+    history: list[dict] = []
+    thr = Throughput()
+    bar = None
+    if train.progress and rank == 0:
+        try:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=train.max_steps, initial=step, desc=f"train {kind}", unit="step")
+        except ImportError:
+            bar = None
+    done = train.max_steps is not None and step >= train.max_steps
+
+    def save_ckpt(epoch, bi):
+        if ckpt_dir and rank == 0:
+            _atomic_save({"model": core.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
+                          "epoch": epoch, "batch_in_epoch": bi, "rng": torch.get_rng_state(), "kind": kind,
+                          "config": to_dict(core.cfg)}, _ckpt_path(ckpt_dir))
+        if world > 1:
+            dist.barrier()
+
+    epoch = epoch0
+    for epoch in range(epoch0, train.epochs):
+        if done:
+            break
+        core.train()
+        for bi, gbatch in enumerate(loader.iter_epoch(epoch)):
+            if epoch == epoch0 and bi < skip:
+                continue
+            if len(gbatch) < world:  # cannot give every rank a sample (last batch): drop
+                continue
+            mine = split_for_ranks(gbatch, world)[rank]
+            counts = _global_counts(core, gbatch, device)
+            batch = collate(mine).to(device)
+            tg = batch.target_tensors(device)
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=amp):
+                out = net(batch, serving=False)
+            sums = core.loss_sums(out, tg)
+            loss = 0.0
+            parts = {}
+            for name, (s, _, w) in sums.items():
+                c = max(1.0, counts.get(name, 1.0))
+                loss = loss + w * s / c
+                parts[name] = s.detach() / c
+            opt.zero_grad(set_to_none=True)
+            (loss * world).backward()  # DDP averages over ranks -> gradient of the global objective
+            gnorm = torch.nn.utils.clip_grad_norm_(core.parameters(), train.grad_clip)
+            opt.step()
+            sched.step()
+            step += 1
+            vals = torch.stack([loss.detach().float()] + [v.float() for v in parts.values()])
+            if world > 1:
+                dist.all_reduce(vals)
+            rec = {"step": step, "epoch": epoch, "loss": float(vals[0]), "grad_norm": float(gnorm),
+                   **{k: float(v) for k, v in zip(parts, vals[1:])}}
+            thr.add(batch.n_tokens * world, batch.n_events * world)
+            rec.update(thr.rates())
+            history.append(rec)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+            if rank == 0 and (step % train.log_every == 0 or step == 1):
+                msg = (f"{kind} step {step} epoch {epoch} loss {rec['loss']:.4f} ctr {rec['ctr']:.4f} "
+                       f"grad {rec['grad_norm']:.3f} tok/s {rec['tokens_per_s']:.0f}")
+                (log_fn or log.info)(msg)
+            if not math.isfinite(rec["loss"]):
+                raise FloatingPointError(f"non-finite loss at step {step}")
+            if train.ckpt_every and step % train.ckpt_every == 0:
+                save_ckpt(epoch, bi + 1)
+            if train.max_steps is not None and step >= train.max_steps:
+                done = True
+                save_ckpt(epoch, bi + 1)
+                break
+        else:
+            skip = 0
+            save_ckpt(epoch + 1, 0)
+    if bar is not None:
+        bar.close()
+    res = TrainResult(model=core, step=step, history=history, throughput=thr.rates(),
+                      checkpoint=_ckpt_path(ckpt_dir) if ckpt_dir else None)
+    res.throughput["peak_memory_bytes"] = peak_memory_bytes(device)
+    if val_paths is not None and rank == 0:
+        res.val_metrics = evaluate(core, val_paths, token_budget=train.token_budget, device=device)
+    return res
+
+
+def train_teacher(samples_paths, config: TeacherConfig, train: TrainConfig | None = None, val_paths=None,
+                  ckpt_dir: str | None = None, resume: bool = True, init_from=None) -> TrainResult:
+    """Trains the full-token teacher (delay mask on target rows unless config.mask.train_delay=False)."""
+    torch.manual_seed((train or TrainConfig()).seed)  # deterministic initialisation
+    model = Teacher(config)
+    if init_from is not None:
+        _warm_start(model, init_from)
+    return fit(model, samples_paths, train, None, val_paths, ckpt_dir, resume)
+
+
+def train_student(samples_paths, teacher_probs, config: StudentConfig, train: TrainConfig | None = None,
+                  init_from=None, val_paths=None, ckpt_dir: str | None = None, resume: bool = True) -> TrainResult:
+    """Trains the student. teacher_probs: DataFrame / Parquet path(s) with impression_id and p (the teacher's
+    probability on the impression's real bucket), or None (KD off). init_from: a model, a save_model path or a
+    state dict (warm start from the previous candidate)."""
+    torch.manual_seed((train or TrainConfig()).seed)
+    model = Student(config)
+    if init_from is not None:
+        _warm_start(model, init_from)
+    return fit(model, samples_paths, train, teacher_probs, val_paths, ckpt_dir, resume)
+
+
+def _warm_start(model: nn.Module, init_from):
+    if isinstance(init_from, (str, os.PathLike)):
+        init_from = load_model(str(init_from)).state_dict()
+    elif isinstance(init_from, nn.Module):
+        init_from = _unwrap(init_from).state_dict()
+    model.load_state_dict(init_from)
+
+
+# ----------------------------------------------------------------------------- inference
+
+@torch.no_grad()
+def predict(model: nn.Module, samples_paths, token_budget: int | None = None, device=None,
+            with_labels: bool = False, stats: dict | None = None) -> pd.DataFrame:
+    """Scores every target impression under serving conditions. One row per impression:
+    impression_id, user_id, position_bucket, p_bucket_0..K-1, p (the real bucket's head), logit
+    (+ label if with_labels). `stats`, if given, receives tokens/s and effective lengths."""
+    m = _unwrap(model)
+    device = torch.device(device) if device is not None else next(m.parameters()).device
+    was_training = m.training
+    m.eval().to(device)
+    # generous budget: a sample's targets are only ever dropped if they alone exceed it
+    budget = token_budget or max(16384, 4 * getattr(m.cfg, "max_len", 4096))
+    loader = PackedLoader(samples_paths, m.kind, m.cfg, budget, seed=None)
+    frames, thr, toks_all = [], Throughput(), []
+    for toks in loader.iter_epoch(0):
+        batch = collate(toks).to(device)
+        logits = m(batch, serving=True)["logits"].float()
+        thr.add(batch.n_tokens, batch.n_events)
+        toks_all.extend(toks) if stats is not None else None
+        tg = batch.targets
+        pk = torch.sigmoid(logits).cpu().numpy()
+        b = np.clip(tg.bucket, 0, pk.shape[1] - 1)
+        z = logits.cpu().numpy()[np.arange(len(b)), b]
+        df = pd.DataFrame({"impression_id": tg.impression_id, "user_id": tg.user_id, "position_bucket": tg.bucket.astype(np.int32)})
+        for k in range(pk.shape[1]):
+            df[f"p_bucket_{k}"] = pk[:, k]
+        df["p"] = pk[np.arange(len(b)), b]
+        df["logit"] = z
+        if with_labels:
+            df["label"] = tg.label.astype(np.int8)
+        frames.append(df)
+    if was_training:
+        m.train()
+    if stats is not None:
+        stats.update(thr.rates())
+        stats.update(effective_lengths(toks_all))
+    if not frames:
+        cols = ["impression_id", "user_id", "position_bucket"] + [f"p_bucket_{k}" for k in range(m.cfg.backbone.n_buckets)] + ["p", "logit"]
+        return pd.DataFrame(columns=cols + (["label"] if with_labels else []))
+    return pd.concat(frames, ignore_index=True)
+
+
+def evaluate(model: nn.Module, samples_paths, token_budget: int | None = None, device=None) -> dict:
+    """AUC, GAUC, log-loss, per-bucket AUC and calibration under serving conditions, plus tokens/s,
+    average / p90 history length before and after merging, peak memory."""
+    stats: dict = {}
+    pred = predict(model, samples_paths, token_budget, device, with_labels=True, stats=stats)
+    out = summarize_predictions(pred) if len(pred) else {"n": 0}
+    out.update(stats)
+    out["peak_memory_bytes"] = peak_memory_bytes(device or next(_unwrap(model).parameters()).device)
+    return out

@@ -1,0 +1,107 @@
+"""Time RoPE, masks in the models (ablation switches), one-pass candidate scoring."""
+import math
+
+import pytest
+import torch
+
+from mt_util import tiny_student, tiny_teacher
+from models.config import RoPEConfig, YEAR_S
+from models.data import PackedLoader, StudentTokens, Targets, collate, iter_samples, student_tokens
+from models.layers import RoPE
+from models.student import Student
+from models.teacher import Teacher
+
+
+def test_time_rope_matches_the_cadet_formula():
+    cfg = RoPEConfig()  # dt_max 1 year, phi_min 1e-4, base 6e5
+    r = RoPE(cfg, head_dim=8)
+    t = torch.tensor([YEAR_S], dtype=torch.float64)
+    cos, sin = r.angles(t)
+    ang = torch.atan2(sin, cos).double()
+    expect = [YEAR_S * 1e-4 / YEAR_S * 6e5 ** (2 * i / 8) for i in range(4)]
+    # the slowest pair turns phi_min over one year; compare modulo 2 pi
+    for a, e in zip(ang[0].tolist(), expect):
+        assert math.isclose((a - e + math.pi) % (2 * math.pi) - math.pi, 0.0, abs_tol=1e-4)
+    assert expect[0] == pytest.approx(1e-4)
+
+
+def test_rope_scores_depend_only_on_time_differences():
+    r = RoPE(RoPEConfig(base=6e5, dt_max_s=86400.0), head_dim=8)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 8, generator=g), torch.randn(2, 1, 8, generator=g)
+    t = torch.tensor([100.0, 5000.0], dtype=torch.float64)
+
+    def score(tt):
+        cs = r.angles(tt)
+        return (RoPE.apply(q, cs)[1] * RoPE.apply(k, cs)[0]).sum()
+
+    assert torch.allclose(score(t), score(t + 12345.0), atol=1e-5)
+    assert not torch.allclose(score(t), score(t * 2), atol=1e-4)
+
+
+def test_rope_modes_change_the_model(samples_dir):
+    b = collate(next(iter(PackedLoader(samples_dir, "teacher", tiny_teacher(), 300, seed=None))))
+    outs = []
+    for mode in ("time", "index", "none"):
+        torch.manual_seed(0)
+        m = Teacher(tiny_teacher(rope=RoPEConfig(mode=mode))).eval()
+        with torch.no_grad():
+            outs.append(m(b)["logits"])
+    # absolute tolerance: the heads start at the base-rate logit, so relative differences are small
+    assert not torch.allclose(outs[0], outs[1], rtol=0, atol=1e-7)
+    assert not torch.allclose(outs[0], outs[2], rtol=0, atol=1e-7)
+
+
+def test_delay_ablation_trains_without_delay_but_serves_with_it(samples_dir):
+    from models.config import MaskConfig
+    cfg = tiny_teacher(mask=MaskConfig(train_delay=False))
+    m = Teacher(cfg)
+    b = collate(next(iter(PackedLoader(samples_dir, "teacher", cfg, 300, seed=None))))
+    lo_s, hi_s = m.bounds(b, serving=True)
+    lo_t, hi_t = m.bounds(b, serving=False)
+    tgt = b.tensors["is_target"]
+    assert bool((hi_t[tgt] >= hi_s[tgt]).all()) and bool((hi_t[tgt] > hi_s[tgt]).any())
+    m2 = Teacher(tiny_teacher())
+    assert torch.equal(m2.bounds(b, serving=False)[1], m2.bounds(b, serving=True)[1])
+
+
+def test_sliding_window_models_run_and_differ(samples_dir):
+    from models.config import MaskConfig
+    b = collate(next(iter(PackedLoader(samples_dir, "student", tiny_student(), 300, seed=None))))
+    torch.manual_seed(0)
+    full = Student(tiny_student()).eval()
+    torch.manual_seed(0)
+    win = Student(tiny_student(mask=MaskConfig(window=2, n_global=1))).eval()
+    with torch.no_grad():
+        a, w = full(b)["logits"], win(b)["logits"]
+    assert torch.isfinite(w).all() and not torch.allclose(a, w, rtol=0, atol=1e-7)  # heads start at the prior logit
+
+
+def test_one_masked_pass_equals_one_pass_per_candidate(samples_dir):
+    cfg = tiny_student(backbone=dict(n_layers=4))
+    model = Student(cfg).eval()
+    s = max(iter_samples(samples_dir, cfg.features), key=lambda s: int(s.is_target.sum()))
+    full = student_tokens(s, cfg.features, cfg.max_len)
+    assert len(full.cand_ts) >= 3
+    with torch.no_grad():
+        one = model(collate([full]))["logits"]
+        each = []
+        for i in range(len(full.cand_ts)):
+            tg = full.targets
+            ti = Targets(*[getattr(tg, f)[i:i + 1] for f in ("bucket", "label", "click_type", "log_dwell", "teacher_p",
+                                                              "impression_id", "user_id")])
+            single = StudentTokens(full.ev_feats, full.ev_group, full.hist_ts, full.cand_feats[i:i + 1],
+                                   full.cand_ts[i:i + 1], ti, full.n_events)
+            each.append(model(collate([single]))["logits"])
+    assert torch.allclose(torch.cat(each), one, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny", "demo", "large"])
+def test_presets_build(name):
+    from models.config import from_dict, preset, to_dict
+    from models.config import StudentConfig as SC, TeacherConfig as TC
+    t, s, tr = preset(name)
+    assert from_dict(TC, to_dict(t)) == t and from_dict(SC, to_dict(s)) == s
+    assert s.backbone == t.backbone  # TM20K: same architecture, fewer tokens
+    if name != "large":
+        Teacher(t), Student(s)
