@@ -18,6 +18,8 @@ from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_as
 
 from pipelines.partitions import daily_partitions
 from pipelines.resources import GenrankPaths
+from quality.framework import to_check_result
+from quality.training_samples import TRAINING_SAMPLES_CHECKS, validate_training_samples
 from transforms import sequences
 
 dbt_project = DbtProject(project_dir=sequences.DBT_PROJECT_DIR, profiles_dir=sequences.DBT_PROJECT_DIR)
@@ -106,3 +108,33 @@ def _bucket_markdown(rows: list[dict]) -> str:
         imps = "-" if r["historical_impressions"] != r["historical_impressions"] or r["historical_impressions"] is None else f"{int(r['historical_impressions'])}"
         lines.append(f"| {r['surface']} | {r['position']} | {ctr} | {imps} | {r['position_bucket']} |")
     return "\n".join(lines)
+
+
+def _run_days(context) -> list[str]:
+    """The partition keys of the run a check executes in (one day, or a single-run range)."""
+    tags = context.run.tags
+    if "dagster/partition" in tags:
+        return [tags["dagster/partition"]]
+    start = dt.date.fromisoformat(tags["dagster/asset_partition_range_start"])
+    end = dt.date.fromisoformat(tags["dagster/asset_partition_range_end"])
+    return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
+
+
+@dg.multi_asset_check(specs=TRAINING_SAMPLES_CHECKS.specs("training_samples"), can_subset=False)
+def training_samples_checks(context: dg.AssetCheckExecutionContext, paths: GenrankPaths):
+    """GX checks on each exported day of the run: labelled targets, bucket range, no future leakage."""
+    outcomes: dict[str, list] = {}
+    for day in _run_days(context):
+        for name, outcome in validate_training_samples(
+                paths.lake_partition("training_samples", day), day, SequenceBuildConfig().n_position_buckets).items():
+            outcomes.setdefault(name, []).append((day, outcome))
+    for check in TRAINING_SAMPLES_CHECKS.checks:
+        per_day = outcomes[check.name]
+        failed = [(day, o) for day, o in per_day if not o.passed]
+        merged = failed[0][1] if failed else per_day[-1][1]
+        result = to_check_result("training_samples", check, merged)
+        yield dg.AssetCheckResult(
+            check_name=check.name, asset_key="training_samples", passed=not failed, severity=result.severity,
+            description=(f"{failed[0][0]}: " if failed else "") + (result.description or ""),
+            metadata={**result.metadata, "days": dg.MetadataValue.json([d for d, _ in per_day]),
+                      "failed_days": dg.MetadataValue.json([d for d, _ in failed])})

@@ -25,6 +25,7 @@ import pandas as pd
 
 from deploy import registry as reg
 from deploy.gates import GateConfig, evaluate_gates
+from pipelines import settings
 from pipelines.partitions import daily_partitions
 from pipelines.resources import GenrankPaths, MlflowResource
 from transforms import sequences
@@ -42,10 +43,12 @@ class ModelSizeConfig(dg.Config):
     n_heads: int = 2
     max_len: int = 1024
     item_buckets: int = 1 << 15
-    epochs: int = 2
-    token_budget: int = 8192
-    lr: float = 2e-3
+    epochs: int = 8
+    max_steps: int = 400          # caps a day's training on large worlds
+    token_budget: int = 2048      # small packed batches: more optimizer steps per day of data
+    lr: float = 3e-3
     seed: int = 0
+    torch_threads: int = int(settings.env("GENRANK_TORCH_THREADS", "1"))  # >1 thrashes on shared cores
 
 
 def _feature_config(size: ModelSizeConfig):
@@ -72,8 +75,11 @@ def _student_config(size: ModelSizeConfig):
 def _train_config(size: ModelSizeConfig):
     from models import TrainConfig
 
-    return TrainConfig(lr=size.lr, epochs=size.epochs, token_budget=size.token_budget, seed=size.seed,
-                       warmup_steps=5, log_every=1000, ckpt_every=1000)
+    import torch
+
+    torch.set_num_threads(size.torch_threads)
+    return TrainConfig(lr=size.lr, epochs=size.epochs, max_steps=size.max_steps, token_budget=size.token_budget,
+                       seed=size.seed, warmup_steps=5, log_every=1000, ckpt_every=1000)
 
 
 def _samples(paths: GenrankPaths, day: str) -> Path:
@@ -110,15 +116,17 @@ def _flat_metrics(prefix: str, metrics: dict) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------------------- teacher
 
-class TeacherConfig(ModelSizeConfig):
+class TeacherTrainingConfig(ModelSizeConfig):
     window_days: int = 7   # trailing days of training samples (the newest one validates when > 1)
+    token_budget: int = 4096
+    max_steps: int = 800
     force: bool = False    # retrain even if a teacher exists for the same data and code
 
 
 @dg.asset(group_name=GROUP, deps=["training_samples"], pool="training",
           description="The full-token CADET-style teacher, retrained weekly over a trailing window; "
                       "registered as genrank-teacher with alias 'current'.")
-def teacher_model(context: dg.AssetExecutionContext, config: TeacherConfig, paths: GenrankPaths,
+def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConfig, paths: GenrankPaths,
                   mlflow: MlflowResource) -> dg.MaterializeResult:
     from models import evaluate, save_model, train_teacher
 
@@ -135,7 +143,10 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherConfig, path
         return dg.MaterializeResult(metadata={"version": existing.version, "reused": True, "window": f"{days[0]}..{days[-1]}"})
     cfg = _teacher_config(config)
     started = time.perf_counter()
-    result = train_teacher([str(_samples(paths, d)) for d in train_days], cfg, _train_config(config))
+    # A killed run resumes from its checkpoint; the checkpoint goes once the version is registered.
+    ckpt_dir = paths.root / "checkpoints" / f"teacher-{fingerprint}-{code}"
+    result = train_teacher([str(_samples(paths, d)) for d in train_days], cfg, _train_config(config),
+                           ckpt_dir=str(ckpt_dir), resume=True)
     seconds = time.perf_counter() - started
     metrics = evaluate(result.model, str(_samples(paths, val_day))) if val_day else {}
     r.ensure_registered(reg.TEACHER, "Full-token CADET-style teacher; its cached logits distil the student.")
@@ -162,6 +173,7 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherConfig, path
         )
         r.client.set_terminated(run.info.run_id)
     r.client.set_registered_model_alias(reg.TEACHER, "current", version)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
     return dg.MaterializeResult(metadata={
         "version": version, "window": f"{days[0]}..{days[-1]}", "validation_day": str(val_day),
         "val_auc": float(metrics.get("auc", float("nan"))), "train_seconds": seconds,
@@ -294,8 +306,10 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         if config.shuffle_labels:
             train_samples = _shuffled_labels(samples, tmp / "shuffled", config.seed)
         started = time.perf_counter()
+        ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
         result = train_student(str(train_samples), logits[["impression_id", "p"]], _student_config(config),
-                               _train_config(config), init_from=str(init) if init else None)
+                               _train_config(config), init_from=str(init) if init else None,
+                               ckpt_dir=str(ckpt_dir), resume=True)
         seconds = time.perf_counter() - started
         ckpt = Path(save_model(result.model, str(tmp / "student.pt"), metadata={"partition": day}))
         run = r.client.create_run(exp, run_name=f"student-{day}", tags={"partition": day})
@@ -315,6 +329,7 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
                                                         f"Teacher v{teacher_version}. Awaits the out-of-time gates on the next day."))
         r.client.set_terminated(run.info.run_id)
     r.client.set_registered_model_alias(reg.CTR, "challenger", version)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
     return dg.MaterializeResult(metadata={
         "version": version, "teacher_version": teacher_version, "train_seconds": seconds,
         "warm_start_from": tags["warm_start_from"],

@@ -70,7 +70,10 @@ SUMMARY_KEYS: dict[tuple[str, str], str] = {
     ("events", "quarantined"): "quarantined",
     ("events", "duplicates"): "duplicates",
     ("training_samples", "samples"): "samples",
+    ("training_samples", "history_len_mean"): "hist_mean",
+    ("training_samples", "history_len_p50"): "hist_p50",
     ("training_samples", "history_len_p90"): "hist_p90",
+    ("training_samples", "history_len_max"): "hist_max",
     ("teacher_logits", "auc"): "teacher_auc",
     ("challenger_evaluation", "challenger_auc"): "student_auc",
     ("challenger_evaluation", "reference_auc"): "reference_auc",
@@ -115,6 +118,7 @@ def run_days(start: str | None, end: str | None, home: Path | None = None) -> Ru
             last_teacher_day = day
     summary = RunSummary(results)
     print(f"\n{sum(r.success for r in results)}/{len(results)} days succeeded.")
+    print(_bucket_table(home, days[-1]))
     print(_champion_line(home))
     print(f"Dagster: DAGSTER_HOME={os.environ['DAGSTER_HOME']} dagster dev -w workspace.yaml  (http://localhost:3000)")
     print(f"MLflow:  mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}  (http://localhost:5000)")
@@ -146,6 +150,21 @@ def _champion_line(home: Path) -> str:
     return (f"Champion: {registry.CTR} v{champion.version} (trained on {champion.tags.get('partition')}, "
             f"teacher v{champion.tags.get('teacher_version')}, out-of-time AUC {champion.tags.get('oot_auc', '?')}); "
             f"models:/{registry.CTR}@champion")
+
+
+def _bucket_table(home: Path, day: str) -> str:
+    from transforms.sequences import position_bucket_table
+
+    try:
+        rows = position_bucket_table(home, day)
+    except Exception as exc:  # the warehouse may not exist if every day failed early
+        return f"(no position buckets for {day}: {exc})"
+    lines = [f"Position buckets as of {day} (historical CTR per surface x position):"]
+    for r in rows:
+        ctr = r["historical_ctr"]
+        lines.append(f"  {r['surface']:7s} pos {r['position']:2d}  ctr {'-' if ctr != ctr or ctr is None else f'{ctr:.4f}'}"
+                     f"  bucket {r['position_bucket']}")
+    return "\n".join(lines)
 
 
 def _oracle_auc_by_day(home: Path) -> dict[str, float]:

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from assets.sequences import dbt_resource, sequence_models
+from assets.sequences import dbt_resource, sequence_models, training_samples_checks
+from quality.training_samples import validate_training_samples
 from pipelines.resources import GenrankPaths
 from tests.event_lake import day_range, write_lake
 from transforms import sequences
@@ -33,7 +34,7 @@ def _build(home: Path, start: str, end: str | None = None, **config) -> dg.Execu
     if end and end != start:
         tags = {"dagster/asset_partition_range_start": start, "dagster/asset_partition_range_end": end}
     return dg.materialize(
-        [sequence_models],
+        [sequence_models, training_samples_checks],
         partition_key=None if tags else start,
         tags=tags,
         resources={"dbt": dbt_resource(), "paths": GenrankPaths(home=str(home))},
@@ -185,3 +186,22 @@ def test_skipping_a_day_is_refused(tmp_path, incremental_home):
     later = day_range(DAYS[-1], 3)[2]
     with pytest.raises(sequences.SequenceInputError, match=f"day {day_range(DAYS[-1], 2)[1]} must be built before {later}"):
         sequences.plan_window(home, later, later)
+
+
+def test_gx_checks_catch_leakage_and_unlabelled_targets(tmp_path, full_home):
+    day = DAYS[2]
+    df = pd.read_parquet(full_home[0] / "lake" / "training_samples" / f"date={day}")
+    assert all(o.passed for o in validate_training_samples(full_home[0] / "lake" / "training_samples" / f"date={day}",
+                                                           day, 2).values())
+    history = df.index[pd.to_datetime(df["event_date"]) < pd.Timestamp(day)]
+    targets = df.index[df["is_target"]]
+    df.loc[history[0], "ts_ms"] = int(pd.Timestamp(day, tz="UTC").timestamp() * 1000) + 5  # a "past" row from D
+    df.loc[targets[0], "label"] = None
+    df.loc[targets[1], "position_bucket"] = 7
+    bad = tmp_path / "part-0.parquet"
+    df.to_parquet(bad, index=False)
+    outcomes = validate_training_samples(bad, day, 2)
+    assert not outcomes["samples_no_future_leakage"].passed
+    assert not outcomes["samples_targets_labelled"].passed
+    assert not outcomes["samples_bucket_range"].passed
+    assert "7" in str(outcomes["samples_bucket_range"].failures[0].sample_values)
