@@ -30,7 +30,7 @@ import glob
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -112,6 +112,28 @@ class Sample:
     @property
     def n_events(self) -> int:
         return int(self.ts.shape[0])
+
+
+SAMPLE_ARRAYS = ("ts", "is_target", "is_imp", "ids", "item_key", "action", "position", "bucket", "label",
+                 "click_type", "dwell_ms", "impression_id", "teacher_p")
+
+
+def split_by_targets(s: Sample, max_targets: int) -> list[Sample]:
+    """A user-day with more targets than one sequence can hold becomes several samples (MTGR-style
+    request groups), so every target is scored: part k keeps the events up to its last target and marks
+    only its own targets; earlier targets stay as ordinary events, seen under the same delay mask."""
+    targets = np.flatnonzero(s.is_target & s.is_imp & (s.label >= 0))
+    if len(targets) <= max_targets:
+        return [s]
+    parts = []
+    for first in range(0, len(targets), max_targets):
+        chunk = targets[first:first + max_targets]
+        end = int(chunk[-1]) + 1
+        part = replace(s, **{f: getattr(s, f)[:end] for f in SAMPLE_ARRAYS})
+        part.is_target = np.zeros(end, bool)
+        part.is_target[chunk] = True
+        parts.append(part)
+    return parts
 
 
 def list_sample_files(paths: str | Sequence[str]) -> list[str]:
@@ -543,6 +565,9 @@ class PackedLoader:
         self.teacher = TeacherProbs(teacher_probs) if teacher_probs is not None else None
         self.tok = tokenizer_for(kind, cfg)
         self.targets_only = targets_only
+        # at most half of a sequence's token room goes to targets (a teacher target costs 2 tokens)
+        room = min(cfg.max_len, self.budget) if kind == "teacher" else self.budget
+        self.max_targets = max(1, room // 4)
 
     def __iter__(self):
         return self.iter_epoch(0)
@@ -550,7 +575,8 @@ class PackedLoader:
     def iter_epoch(self, epoch: int = 0) -> Iterator[list]:
         cap = self.budget * self.world
         cur, used = [], 0
-        for s in iter_samples(self.paths, self.cfg.features, self.teacher, self.seed, epoch, self.shuffle_buffer):
+        samples = iter_samples(self.paths, self.cfg.features, self.teacher, self.seed, epoch, self.shuffle_buffer)
+        for s in (part for sample in samples for part in split_by_targets(sample, self.max_targets)):
             t = self.tok(s, self.budget)
             if self.targets_only and len(t.targets.label) == 0:
                 continue

@@ -109,3 +109,21 @@ def test_student_lengths_and_switches(samples_dir):
     model_off = Student(tiny_student(max_len=40, lptm=False, backbone=dict(n_layers=4)))
     model_off(batch)
     assert model_off.last_lengths == [both.n_groups]
+
+
+def test_a_user_day_with_too_many_targets_is_split_so_every_target_is_scored(tmp_path):
+    from models.data import split_by_targets
+    from models.synthetic import write_training_samples
+    from mt_util import tiny_teacher
+
+    paths = write_training_samples(str(tmp_path), n_users=3, max_requests=12, candidates=(8, 10), seed=4)
+    cfg = tiny_teacher(max_len=64)  # room for 16 targets per sequence
+    samples = list(iter_samples(paths, cfg.features))
+    assert max(int((s.is_target & s.is_imp).sum()) for s in samples) > 16
+    for s in samples:
+        for p in split_by_targets(s, 16):
+            assert p.is_target.sum() <= 16 and p.ts[-1] <= s.ts[-1]
+    loader = PackedLoader(paths, "teacher", cfg, 4096, seed=None)
+    scored = [iid for toks in loader.iter_epoch(0) for t in toks for iid in t.targets.impression_id]
+    expected = [iid for s in samples for iid in s.impression_id[s.is_target & s.is_imp & (s.label >= 0)]]
+    assert sorted(scored) == sorted(expected) and len(set(scored)) == len(scored)
