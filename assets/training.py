@@ -29,6 +29,7 @@ from pipelines import settings
 from pipelines.partitions import daily_partitions
 from pipelines.resources import GenrankPaths, MlflowResource
 from transforms import sequences
+from transforms.atomic import staged_dir
 
 GROUP = "models"
 GATES = ("auc", "logloss", "calibration", "latency")
@@ -49,6 +50,7 @@ class ModelSizeConfig(dg.Config):
     lr: float = 3e-3
     seed: int = 0
     torch_threads: int = int(settings.env("GENRANK_TORCH_THREADS", "1"))  # >1 thrashes on shared cores
+    ckpt_every: int = 50          # steps between resumable checkpoints
 
 
 def _feature_config(size: ModelSizeConfig):
@@ -79,7 +81,7 @@ def _train_config(size: ModelSizeConfig):
 
     torch.set_num_threads(size.torch_threads)
     return TrainConfig(lr=size.lr, epochs=size.epochs, max_steps=size.max_steps, token_budget=size.token_budget,
-                       seed=size.seed, warmup_steps=5, log_every=1000, ckpt_every=1000)
+                       seed=size.seed, warmup_steps=5, log_every=1000, ckpt_every=size.ckpt_every)
 
 
 def _samples(paths: GenrankPaths, day: str) -> Path:
@@ -255,26 +257,16 @@ def teacher_logits_checks(context: dg.AssetCheckExecutionContext, paths: Genrank
 
 
 def _atomic_parquet(df: pd.DataFrame, path: Path) -> None:
-    path.parent.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.parent.parent / f".tmp-{path.parent.name}-{time.time_ns()}"
-    staging.mkdir()
-    try:
+    with staged_dir(path.parent) as staging:
         df.to_parquet(staging / path.name, index=False)
-        if path.parent.exists():
-            old = path.parent.parent / f".old-{path.parent.name}-{time.time_ns()}"
-            path.parent.rename(old)
-            staging.rename(path.parent)
-            shutil.rmtree(old)
-        else:
-            staging.rename(path.parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 # -------------------------------------------------------------------------------- student candidate
 
 class StudentTrainingConfig(ModelSizeConfig):
+    epochs: int = 4               # a cold start (no earlier candidate) passes 4 times over its day
+    warm_epochs: int = 1          # a warm-started candidate sees its new day once (daily incremental training)
+    lr: float = 2e-3
     force: bool = False          # register a new version even if one exists for this day, data and code
     shuffle_labels: bool = False  # deliberately broken candidate (tests the gates); never in production
 
@@ -307,8 +299,10 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
             train_samples = _shuffled_labels(samples, tmp / "shuffled", config.seed)
         started = time.perf_counter()
         ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
+        # Many passes over one day overfit a warm-started model (over-confident, log-loss climbs day after day).
+        train_cfg = dataclasses.replace(_train_config(config), epochs=config.warm_epochs if init else config.epochs)
         result = train_student(str(train_samples), logits[["impression_id", "p"]], _student_config(config),
-                               _train_config(config), init_from=str(init) if init else None,
+                               train_cfg, init_from=str(init) if init else None,
                                ckpt_dir=str(ckpt_dir), resume=True)
         seconds = time.perf_counter() - started
         ckpt = Path(save_model(result.model, str(tmp / "student.pt"), metadata={"partition": day}))

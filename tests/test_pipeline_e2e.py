@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import dagster as dg
 import pytest
@@ -117,3 +118,38 @@ def test_rerunning_a_day_reuses_its_registered_candidate(pipeline_run):
     meta = again.get_asset_materialization_events()[0].event_specific_data.materialization.metadata
     assert meta["reused"].value is True
     assert len(r.client.search_model_versions(f"name = '{reg.CTR}'")) == before
+
+
+def test_a_killed_training_run_resumes_and_leaves_nothing_behind(pipeline_run):
+    home, report, _ = pipeline_run
+    r = reg.default_registry(home)
+    day = report.days[3]
+    before = len(r.client.search_model_versions(f"name = '{reg.CTR}'"))
+    config = {"force": True, "epochs": 400, "warm_epochs": 400, "max_steps": 140, "ckpt_every": 20}
+    script = (
+        "import dagster as dg\n"
+        "from assets import training\n"
+        "from pipelines.resources import GenrankPaths, MlflowResource\n"
+        f"dg.materialize([training.student_candidate], partition_key={day!r}, resources={{"
+        f"'paths': GenrankPaths(home={str(home)!r}), 'mlflow': MlflowResource(tracking_uri={'sqlite:///' + str(home / 'mlflow.db')!r})}},"
+        f" run_config={{'ops': {{'student_candidate': {{'config': {config!r}}}}}}})\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=str(home), env={**os.environ, "GENRANK_HOME": str(home)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoints = home / "checkpoints"
+    deadline = time.time() + 600
+    while not list(checkpoints.glob("student-*/latest.pt")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, "training finished before it could be killed"
+    proc.kill()
+    proc.wait()
+    assert len(r.client.search_model_versions(f"name = '{reg.CTR}'")) == before  # nothing half-registered
+
+    resumed = dg.materialize([training.student_candidate], partition_key=day, resources=_resources(home),
+                             run_config={"ops": {"student_candidate": {"config": config}}})
+    assert resumed.success
+    assert len(r.client.search_model_versions(f"name = '{reg.CTR}'")) == before + 1
+    assert not list(checkpoints.glob("student-*"))
+    assert not [p for p in (home / "lake").rglob(".tmp-*")]
+    champions = [v for v in r.client.search_model_versions(f"name = '{reg.CTR}'") if "champion" in v.aliases]
+    assert len(champions) == 1

@@ -21,11 +21,11 @@ import datetime as dt
 import gzip
 import json
 import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
+
+from transforms.atomic import staged_dir
 
 FILE_KINDS = ("impressions", "clicks", "behaviors")
 
@@ -91,11 +91,8 @@ def write_day(root: str | os.PathLike, day: dt.date | str, lines: dict[str, Iter
     simulator does). The previous version of the day, if any, is replaced as a whole.
     """
     final = day_dir(root, day)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
     counts: dict[str, int] = {}
-    try:
+    with staged_dir(final) as staging:
         for kind in FILE_KINDS:
             name = f"{kind}-00000.jsonl.gz"
             n = 0
@@ -106,16 +103,6 @@ def write_day(root: str | os.PathLike, day: dt.date | str, lines: dict[str, Iter
                     n += 1
             counts[name] = n
         (staging / SUCCESS_MARKER).write_text(json.dumps({"day": _iso(day), "files": counts}, sort_keys=True))
-        if final.exists():
-            trash = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
-            final.rename(trash)
-            staging.rename(final)
-            shutil.rmtree(trash)
-        else:
-            staging.rename(final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return final
 
 

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
 import subprocess
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
+
+from transforms.atomic import staged_dir
 
 DBT_PROJECT_DIR = Path(__file__).resolve().parent / "dbt"
 ROW_GROUP_ROWS = 65_536
@@ -132,21 +132,8 @@ def plan_window(home: Path, start: str, end: str) -> Window:
 
 
 def _atomic_copy(con, query: str, final: Path) -> None:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
+    with staged_dir(final) as staging:
         con.execute(f"copy ({query}) to '{staging / 'part-0.parquet'}' (format parquet, row_group_size {ROW_GROUP_ROWS})")
-        if final.exists():
-            old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
-            final.rename(old)
-            staging.rename(final)
-            shutil.rmtree(old)
-        else:
-            staging.rename(final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 @dataclass

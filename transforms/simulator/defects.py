@@ -6,7 +6,8 @@ Rules that keep the manifest exact (the events job's row accounting is tested ag
   timestamp 1-500 ms later) are made of clean records only and land in the same file;
 - a click whose impression was destroyed is counted as ``orphan_click`` in the file the click lands in;
 - ``late_click`` counts click lines whose impression is in the previous day's file: clicks that
-  happened after midnight, and clicks that happened on D but were logged into D+1's file;
+  happened after midnight, and clicks that happened on D but were logged into D+1's file (a late
+  click whose impression was destroyed counts as ``orphan_click`` only);
 - ``extra_field`` counts accepted impression lines carrying the unknown field ``exp_bucket``;
 - ``out_of_order`` counts adjacent swaps after all other defects (lines stay in their file).
 """
@@ -88,7 +89,7 @@ def inject(
         lines.append(line)
         if orphan is not None and orphan[i]:
             counts["orphan_click"] += 1
-        if late is not None and late[i]:
+        if late is not None and late[i] and not (orphan is not None and orphan[i]):
             counts["late_click"] += 1
         if extra_field and kind == "impressions":
             counts["extra_field"] += 1

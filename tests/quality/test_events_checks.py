@@ -1,0 +1,179 @@
+"""The GX-based quality framework and the events checks, on hand-written partitions (no Spark)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from quality.events import EVENT_ARROW_TYPES, EVENTS_CHECKS, EventsThresholds, ctr_band, trailing_stats, validate_events
+from quality.framework import CheckDef, DatasetChecks, to_check_result, to_check_results, validate_frame
+
+DAY = "2026-06-02"
+START = int(dt.datetime(2026, 6, 2, tzinfo=dt.timezone.utc).timestamp() * 1000)
+ARROW = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32()}
+
+
+def rows(n_imps: int = 20, n_clicked: int = 2, n_beh: int = 5, day_start: int = START) -> list[dict]:
+    out = []
+    for i in range(n_imps):
+        clicked = i < n_clicked
+        out.append(dict(event_kind="impression", user_id=f"u{i % 4}", ts_ms=day_start + 1000 * i, request_id=f"r{i}",
+                        impression_id=f"i{i}", item_id=f"a{i}", ad_id=f"a{i}", campaign_id="c", advertiser_id="v",
+                        category_id="k", brand_id="b", position=1 + i % 5, surface="feed", device="ios", action=None,
+                        label=int(clicked), click_type="follow" if clicked else None,
+                        dwell_ms=100 if clicked else None, click_ts_ms=day_start + 1000 * i + 50 if clicked else None))
+    for j in range(n_beh):
+        out.append(dict(event_kind="behavior", user_id="u1", ts_ms=day_start + 500 * j, request_id=None,
+                        impression_id=None, item_id=f"it{j}", ad_id=None, campaign_id=None, advertiser_id=None,
+                        category_id="k", brand_id="b", position=None, surface=None, device=None, action="view",
+                        label=None, click_type=None, dwell_ms=None, click_ts_ms=None))
+    return out
+
+
+def write(base: Path, day: str, data: list[dict], types: dict[str, str] = EVENT_ARROW_TYPES) -> Path:
+    path = base / f"date={day}"
+    path.mkdir(parents=True, exist_ok=True)
+    schema = pa.schema([(c, ARROW[t]) for c, t in types.items()])
+    pq.write_table(pa.Table.from_pylist(data, schema=schema), path / "part-00000.parquet")
+    return path
+
+
+def accounting(input_lines: int, accepted_imps: int, accepted_beh: int, quarantined: dict | None = None) -> dict:
+    q = quarantined or {}
+    nq = sum(q.values())
+    return {
+        "impressions": {"input_lines": input_lines - accepted_beh, "accepted": accepted_imps, "quarantined": nq,
+                        "duplicates": input_lines - accepted_beh - accepted_imps - nq, "quarantined_by_reason": q},
+        "behaviors": {"input_lines": accepted_beh, "accepted": accepted_beh, "quarantined": 0, "duplicates": 0},
+    }
+
+
+def by_name(outcomes):
+    return {o.check: o for o in outcomes}
+
+
+def test_clean_partition_passes_every_check(tmp_path):
+    path = write(tmp_path / "events", DAY, rows())
+    out = by_name(validate_events(path, DAY, accounting=accounting(25, 20, 5)))
+    assert list(out) == EVENTS_CHECKS.names()
+    assert {k: o.summary() for k, o in out.items() if not o.passed} == {}
+    assert out["events_keys_not_null"].evaluated >= 10
+
+
+def test_each_blocking_check_catches_its_defect_with_observed_value_and_sample_rows(tmp_path):
+    data = rows()
+    data[3]["position"] = 0                      # position out of range
+    data[4]["impression_id"] = "i5"              # duplicate impression_id
+    data[6]["ts_ms"] = START - 1                 # before the day
+    data[7]["label"] = 2                         # not binary
+    data[8]["user_id"] = None                    # null key
+    data[9]["device"] = None                     # null impression field
+    path = write(tmp_path / "events", DAY, data)
+    out = by_name(validate_events(path, DAY, accounting=accounting(25, 20, 5)))
+    failing = {k for k, o in out.items() if not o.passed}
+    assert failing == {"events_position_in_range", "events_impression_id_unique", "events_ts_in_day",
+                       "events_label_binary", "events_keys_not_null"}
+    pos = out["events_position_in_range"].failures[0]
+    assert pos.expectation == "expect_column_values_to_be_between" and pos.unexpected_count == 1
+    assert pos.sample_values == [0] and pos.sample_rows[0]["impression_id"] == "i3"
+    result = to_check_result("events", EVENTS_CHECKS.get("events_position_in_range"), out["events_position_in_range"])
+    assert isinstance(result, dg.AssetCheckResult) and not result.passed
+    assert result.severity == dg.AssetCheckSeverity.ERROR
+    assert result.metadata["failing_expectation"].value == "expect_column_values_to_be_between"
+    assert result.metadata["sample_offending_rows"].value[0]["position"] == 0
+    assert "1 of 25 rows unexpected" in result.description
+    keys = out["events_keys_not_null"]
+    assert {f.kwargs["column"] for f in keys.failures} == {"user_id", "device"}
+
+
+def test_schema_check_catches_missing_column_and_wrong_type(tmp_path):
+    types = dict(EVENT_ARROW_TYPES, ts_ms="string")
+    data = [dict(r, ts_ms=str(r["ts_ms"])) for r in rows()]
+    path = write(tmp_path / "events", DAY, data, types)
+    out = by_name(validate_events(path, DAY, accounting=accounting(25, 20, 5)))
+    assert not out["events_schema"].passed
+    assert "ts_ms" in out["events_schema"].summary()
+    types2 = {c: t for c, t in EVENT_ARROW_TYPES.items() if c != "device"}
+    path2 = write(tmp_path / "events2", DAY, [{k: v for k, v in r.items() if k != "device"} for r in rows()], types2)
+    out2 = by_name(validate_events(path2, DAY, accounting=accounting(25, 20, 5)))
+    assert not out2["events_schema"].passed
+    assert out2["events_schema"].failures[0].expectation == "expect_table_columns_to_match_set"
+
+
+def test_empty_day_names_reason_and_count(tmp_path):
+    path = write(tmp_path / "events", DAY, [])
+    acc = {"impressions": {"input_lines": 40, "accepted": 0, "quarantined": 40, "duplicates": 0,
+                           "quarantined_by_reason": {"malformed_json": 31, "bad_type": 9}}}
+    out = by_name(validate_events(path, DAY, accounting=acc))
+    ne = out["events_not_empty"]
+    assert not ne.passed
+    assert ne.summary() == (f"no events accepted for {DAY}: 0 of 40 input lines accepted; "
+                            "40 quarantined (malformed_json=31, bad_type=9), 0 duplicates")
+    result = to_check_result("events", EVENTS_CHECKS.get("events_not_empty"), ne)
+    assert result.severity == dg.AssetCheckSeverity.ERROR and "malformed_json=31" in result.description
+    assert out["events_row_accounting"].passed
+
+
+def test_row_accounting_that_does_not_close_is_blocking(tmp_path):
+    path = write(tmp_path / "events", DAY, rows())
+    acc = accounting(25, 20, 5)
+    acc["impressions"]["input_lines"] += 3  # 3 lines unaccounted for
+    out = by_name(validate_events(path, DAY, accounting=acc))
+    assert not out["events_row_accounting"].passed
+    assert "DOES NOT close" in out["events_row_accounting"].summary()
+    out2 = by_name(validate_events(path, DAY, accounting=accounting(30, 25, 5)))  # claims 25 impressions, has 20
+    assert not out2["events_row_accounting"].passed
+    assert "holds 25 rows but the job accepted 30" in out2["events_row_accounting"].summary()
+
+
+def test_drift_warnings_ctr_volume_quarantine(tmp_path):
+    base = tmp_path / "events"
+    for k in range(1, 4):
+        d = (dt.date.fromisoformat(DAY) - dt.timedelta(days=k)).isoformat()
+        write(base, d, rows(n_imps=200, n_clicked=10, n_beh=100, day_start=START - k * 86_400_000))
+    trailing = trailing_stats(base, DAY, 7)
+    assert len(trailing.days) == 3 and trailing.rows == 300 and trailing.ctr == pytest.approx(0.05)
+
+    # today: far fewer rows and a CTR of 50 %, and 10 % of the lines quarantined
+    path = write(base, DAY, rows(n_imps=40, n_clicked=20, n_beh=10))
+    out = by_name(validate_events(path, DAY, accounting=accounting(56, 40, 10, {"missing_key": 6})))
+    for name in ("events_ctr_drift", "events_volume_drop", "events_quarantine_rate"):
+        assert not out[name].passed, name
+        r = to_check_result("events", EVENTS_CHECKS.get(name), out[name])
+        assert r.severity == dg.AssetCheckSeverity.WARN
+    blocking_failed = [o.check for o in out.values() if not o.passed and EVENTS_CHECKS.get(o.check).blocking]
+    assert blocking_failed == []
+    assert "OUTSIDE" in out["events_ctr_drift"].summary()
+    assert "missing_key=6" in out["events_quarantine_rate"].summary()
+
+
+def test_ctr_band_widens_for_small_days():
+    th = EventsThresholds()
+    assert ctr_band(0.05, 1_000_000, th) == pytest.approx((0.025, 0.075))  # relative band dominates
+    lo, hi = ctr_band(0.05, 100, th)
+    assert lo == 0.0 and hi > 0.13  # 4 binomial standard errors of a 100-impression day
+
+
+def test_framework_groups_expectations_into_checks_and_specs():
+    import great_expectations as gx
+    import pandas as pd
+
+    checks = DatasetChecks("toy", (CheckDef("toy_positive", "x > 0"), CheckDef("toy_small", "x small", blocking=False)))
+    specs = {s.name: s for s in checks.specs("toy")}
+    assert specs["toy_positive"].blocking and not specs["toy_small"].blocking
+    df = pd.DataFrame({"x": [1, 2, -3, 400]})
+    out = validate_frame(df, {
+        "toy_positive": [gx.expectations.ExpectColumnValuesToBeBetween(column="x", min_value=1)],
+        "toy_small": [gx.expectations.ExpectColumnMaxToBeBetween(column="x", max_value=100)],
+    }, suite_name="toy")
+    results = {r.check_name: r for r in to_check_results("toy", checks, out.values())}
+    assert not results["toy_positive"].passed and results["toy_positive"].severity == dg.AssetCheckSeverity.ERROR
+    assert results["toy_positive"].metadata["sample_offending_rows"].value == [{"x": -3}]
+    assert not results["toy_small"].passed and results["toy_small"].severity == dg.AssetCheckSeverity.WARN
+    assert results["toy_small"].metadata["observed_value"].value == "400"
+    assert "observed 400" in results["toy_small"].description

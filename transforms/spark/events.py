@@ -1,0 +1,711 @@
+"""The ``events`` job: one landing day D -> one partition of the event lake and of the quarantine.
+
+Inputs (``transforms.landing`` layout under the data root)::
+
+    landing/date=D-1/{impressions,clicks}-*.jsonl.gz   context: D's clicks may belong to D-1's impressions
+    landing/date=D/{impressions,clicks,behaviors}-*    owned: every line is accounted for here
+    landing/date=D+1/clicks-*.jsonl.gz                 context: late clicks for D's impressions
+
+Outputs::
+
+    lake/events/date=D/part-*.parquet       unified, time-ordered event table (impressions + behaviors)
+    lake/quarantine/date=D/part-*.parquet   every rejected line of D's files, raw text kept, with a reason
+
+Ownership and accounting
+------------------------
+Every line is accounted for by the partition of the *file it is in* (D's files by job D), with exactly
+one outcome, so per file kind ``input_lines = accepted + quarantined + duplicates`` holds exactly:
+
+* ``accepted`` — an impression or behavior written to D's event table; or a click that won the
+  attribution of an impression of D (reason ``attributed``) or of D-1 (reason
+  ``attributed_previous_day``: the late clicks after midnight, which label D-1's partition).
+* ``quarantined`` with a reason (raw line kept in the quarantine table):
+  ``malformed_json`` (not a JSON object: truncated, invalid, an array, empty),
+  ``missing_key`` (a REQUIRED key absent or null; ``detail`` names it),
+  ``bad_type`` (an INTEGER_KEYS field that is not a JSON integer fitting a bigint — a numeric
+  string, a float, a boolean, a word —, or an id/enum field holding an object or array;
+  ``detail`` shows the key and the value),
+  ``bad_value`` (enum outside its domain, position < 1, dwell_ms < 0, ts_ms < 0, empty id),
+  ``ts_out_of_range`` (impression/behavior whose ts_ms is not inside its file's UTC day),
+  ``orphan_click`` (no accepted impression with that impression_id in the click file's day or the
+  day before), ``click_outside_window`` (matched, but not within ``[imp_ts, imp_ts + window]``).
+* ``duplicate`` with a reason: ``duplicate_line`` (an exact copy of an earlier valid line of the same
+  day and kind; the first copy is kept; identity = two independent hashes + length of the text),
+  ``duplicate_impression_id`` (a re-logged impression: the earliest ts_ms wins, ties by file and
+  line), ``duplicate_click`` (a second in-window click on an impression: first click wins).
+
+Checks run in this order, each on the lines still undecided: parse/validate -> exact duplicates ->
+repeated impression_id -> ts range -> click attribution. Bad lines are never deduplicated (each
+copy lands in the quarantine, so the quarantine shows the true volume of garbage).
+
+Click attribution
+-----------------
+A click line in file-day F may belong to an accepted impression of day F or F-1 only (a click never
+precedes its impression, and the window is far below a day). It is attributed when its ts_ms lies in
+``[imp_ts, imp_ts + window]`` (default 60 min); among the in-window clicks of one impression the
+earliest wins (ties: file day, file, line). The winning click's ``click_type``, ``dwell_ms`` and
+ts go onto the impression row with ``label = 1``; impressions without one get ``label = 0``.
+Because job D reads D-1's impressions and clicks and D+1's clicks, and every day's validation is a
+pure function of that day's files, job D and job D+1 agree on every line they both look at: the
+label of a D impression set by a D+1 click (job D) and that click's ``attributed_previous_day``
+outcome (job D+1) come from the same rule.
+
+Without D+1 (the newest day, after the grace period the asset decides) clicks after midnight are
+missing and D's labels are provisional; ``EventsJobResult.next_day_included`` says so, and a rerun
+once D+1 has landed replaces the partition.
+
+Parsing
+-------
+Lines are read as text (``spark.read.text``, ``lineSep='\\n'``, so a stray ``\\r`` never splits a
+line; each gzip file is its own Spark partition, so ``line_no`` is exact without a pre-pass) and
+parsed once with ``from_json(raw, 'map<string,string>')``: every top-level key with its value as
+text. A line is ``malformed_json`` if that fails, if it is not one object ending in ``}``, or if a key
+repeats. An integer field must be an integer literal that fits a bigint and not a JSON string (a
+regex on the raw line tells ``"ts_ms":"123"`` from ``"ts_ms":123``); ids are opaque strings
+(integers or strings; an object/array is a ``bad_type``). Unknown extra keys are allowed and
+counted (``extra_field``).
+
+Execution: the parsed lines and the decided lines are persisted (MEMORY_AND_DISK) because several
+branches read them; deduplication windows run on narrow projections (keys and hashes only) and the
+few duplicates are joined back (broadcast by adaptive execution), so the wide rows are shuffled only
+for the final time-ordered write. Counting is one aggregation over the resolved lines.
+
+Writes are atomic: each table is written into a hidden ``.tmp-date=D-*`` sibling and renamed over
+``date=D`` (the previous version is moved aside first and deleted after), so a rerun of D replaces D
+exactly and a crash mid-write leaves the old partition (or none), never half of one. This relies on
+a POSIX rename, i.e. a local or HDFS-like data root.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from transforms import landing
+from transforms.atomic import replace_dir
+from transforms.landing import ACTIONS, CLICK_TYPES, DEVICES, FILE_KINDS, INTEGER_KEYS, OPTIONAL_KEYS, REQUIRED_KEYS, SURFACES
+
+DAY_MS = landing.DAY_MS
+ID_KEYS = ("request_id", "impression_id", "user_id", "ad_id", "campaign_id", "advertiser_id",
+           "category_id", "brand_id", "item_id")
+ENUM_KEYS: dict[str, tuple[str, ...]] = {
+    "surface": SURFACES, "device": DEVICES, "click_type": CLICK_TYPES, "action": ACTIONS,
+}
+ALL_KEYS = tuple(dict.fromkeys(k for kind in FILE_KINDS for k in REQUIRED_KEYS[kind] + OPTIONAL_KEYS[kind]))
+
+ACCEPTED, QUARANTINED, DUPLICATE = "accepted", "quarantined", "duplicate"
+QUARANTINE_REASONS = ("malformed_json", "missing_key", "bad_type", "bad_value", "ts_out_of_range",
+                      "orphan_click", "click_outside_window")
+DUPLICATE_REASONS = ("duplicate_line", "duplicate_impression_id", "duplicate_click")
+ACCEPTED_REASONS = ("event", "attributed", "attributed_previous_day")
+
+# The event table's schema (column -> Spark SQL type). Types are kept DuckDB-simple.
+EVENT_COLUMNS: dict[str, str] = {
+    "event_kind": "string",       # 'impression' | 'behavior'
+    "user_id": "string",
+    "ts_ms": "bigint",
+    "request_id": "string",
+    "impression_id": "string",
+    "item_id": "string",          # ad_id for impressions, item_id for behaviors
+    "ad_id": "string",
+    "campaign_id": "string",
+    "advertiser_id": "string",
+    "category_id": "string",
+    "brand_id": "string",
+    "position": "int",
+    "surface": "string",
+    "device": "string",
+    "action": "string",           # behaviors only
+    "label": "int",               # impressions: 1 if a click was attributed, else 0; behaviors: null
+    "click_type": "string",
+    "dwell_ms": "bigint",
+    "click_ts_ms": "bigint",
+}
+QUARANTINE_COLUMNS: dict[str, str] = {
+    "kind": "string", "source_file": "string", "line_no": "bigint", "reason": "string",
+    "detail": "string", "raw": "string",
+}
+
+
+class AccountingError(RuntimeError):
+    """Row accounting did not close (a bug, never expected): the message has the numbers."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    day: str
+    kind: str
+    path: str
+
+
+# --------------------------------------------------------------------------------------------
+# Pure DataFrame -> DataFrame steps
+# --------------------------------------------------------------------------------------------
+
+def read_lines(spark: SparkSession, sources: Sequence[SourceFile]) -> DataFrame:
+    """Text lines of the given landing files: src_day, kind, source_file, line_no (1-based), raw.
+
+    Requires one file per Spark partition (gzip is not splittable, and ``run_events_job`` raises
+    ``spark.sql.files.openCostInBytes`` so small files are never packed together): the lower 33 bits
+    of ``monotonically_increasing_id`` are then the row index inside the file. ``ledger_counts``
+    re-checks this (max line_no == line count per file).
+    """
+    if not sources:
+        raise ValueError("no landing files to read")
+    parts = []
+    for kind in FILE_KINDS:  # one read per kind, so a kind's parse never scans the other kinds' files
+        paths = sorted({os.path.abspath(s.path) for s in sources if s.kind == kind})
+        if not paths:
+            continue
+        df = spark.read.option("lineSep", "\n").text(paths)
+        path_col = F.col("_metadata.file_path")
+        parts.append(df.select(
+            F.regexp_extract(path_col, r"date=(\d{4}-\d{2}-\d{2})/[^/]+$", 1).alias("src_day"),
+            F.lit(kind).alias("kind"),
+            F.regexp_extract(path_col, r"(date=[^/]+/[^/]+)$", 1).alias("source_file"),
+            (F.monotonically_increasing_id().bitwiseAND(F.lit((1 << 33) - 1)) + 1).alias("line_no"),
+            F.col("value").alias("raw"),
+        ))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def _first(pairs):
+    """CASE WHEN c1 THEN v1 WHEN c2 THEN v2 ... END (null when none holds)."""
+    expr = None
+    for cond, value in pairs:
+        expr = F.when(cond, value) if expr is None else expr.when(cond, value)
+    return expr
+
+
+INT_TEXT = r"^-?[0-9]{1,19}$"
+
+
+def _parse_kind(lines: DataFrame, k_name: str) -> DataFrame:
+    """Validate the lines of one file kind (one kind per projection keeps generated code small).
+
+    One Jackson parse per line: ``from_json(raw, 'map<string,string>')`` gives every top-level key
+    with its value as text (numbers, booleans and nested values as their JSON text, strings
+    unquoted). An integer field must have an integer literal as text *and* must not be a JSON
+    string (a regex on the raw line tells ``"ts_ms": "123"`` from ``"ts_ms": 123``).
+    """
+    keys = REQUIRED_KEYS[k_name] + OPTIONAL_KEYS[k_name]
+    df = lines.filter(F.col("kind") == k_name).withColumn("m", F.from_json("raw", "map<string,string>"))
+    m = F.col("m")
+    # Extract every value once into its own column: the checks below reference each several times.
+    df = df.select("*", *[F.element_at(m, F.lit(k)).alias(f"x_{k}") for k in keys])
+    text = {k: F.col(f"x_{k}") for k in keys}
+
+    def problem(reason: str, detail):
+        return F.struct(F.lit(reason).alias("reason"), (F.lit(detail) if isinstance(detail, str) else detail).alias("detail"))
+
+    malformed = (m.isNull() | ~F.rtrim("raw").endswith("}")
+                 | (F.size(F.map_keys(m)) != F.size(F.array_distinct(F.map_keys(m)))))
+    checks: list[tuple] = [(malformed, problem("malformed_json", "not a single JSON object"))]
+    for key in REQUIRED_KEYS[k_name]:
+        checks.append((text[key].isNull(), problem("missing_key", key)))
+    for key in keys:
+        if key in INTEGER_KEYS[k_name]:
+            quoted = F.col("raw").rlike(f'"{key}"\\s*:\\s*"')
+            wrong = quoted | ~text[key].rlike(INT_TEXT) | text[key].try_cast("bigint").isNull()
+            shown = F.when(quoted, F.concat(F.lit('"'), text[key], F.lit('"'))).otherwise(text[key])
+        else:  # ids and enums: scalars only (ids are opaque strings; enums are checked by domain below)
+            wrong = F.substring(text[key], 1, 1).isin("{", "[")
+            shown = text[key]
+        checks.append((text[key].isNotNull() & wrong,
+                       problem("bad_type", F.concat(F.lit(f"{key}="), F.substring(shown, 1, 40)))))
+    for key in REQUIRED_KEYS[k_name]:
+        if key in ENUM_KEYS:
+            checks.append((~text[key].isin(*ENUM_KEYS[key]), problem("bad_value", F.concat(F.lit(f"{key}="), text[key]))))
+        elif key in ID_KEYS:
+            checks.append((F.length(text[key]) == 0, problem("bad_value", f"{key} is empty")))
+    checks.append((text["ts_ms"].cast("bigint") < 0, problem("bad_value", "ts_ms < 0")))
+    if k_name == "impressions":
+        checks.append((text["position"].cast("bigint") < 1, problem("bad_value", "position < 1")))
+    if k_name == "clicks":
+        checks.append((text["dwell_ms"].cast("bigint") < 0, problem("bad_value", "dwell_ms < 0")))
+    verdict = _first(checks)
+
+    typed = []
+    for key in ALL_KEYS:
+        if key not in keys:
+            typed.append(F.lit(None).cast(_key_type(key)).alias(key))
+        elif key in INTEGER_KEYS[k_name] or key == "position":
+            typed.append(text[key].try_cast(_key_type(key)).alias(key))
+        else:
+            typed.append(text[key].alias(key))
+    known = F.array(*[F.lit(k) for k in keys])
+    has_extra = F.coalesce(F.size(F.array_except(F.map_keys(m), known)) > 0, F.lit(False))
+    df = df.select("src_day", "kind", "source_file", "line_no", "raw", *typed,
+                   has_extra.alias("has_extra"), verdict.alias("_verdict"))
+    return df.select(
+        "src_day", "kind", "source_file", "line_no", "raw", *ALL_KEYS, "has_extra",
+        F.when(F.col("_verdict").isNotNull(), F.lit(QUARANTINED)).alias("outcome"),
+        F.col("_verdict.reason").alias("reason"),
+        F.col("_verdict.detail").alias("detail"),
+    )
+
+
+def _key_type(key: str) -> str:
+    return "bigint" if key in ("ts_ms", "dwell_ms") else "int" if key == "position" else "string"
+
+
+def parse_lines(lines: DataFrame) -> DataFrame:
+    """Parse and validate every line against the landing contract of its kind.
+
+    Adds the typed fields of all kinds (ids as strings), ``has_extra`` and, for invalid lines,
+    ``outcome='quarantined'`` with ``reason``/``detail``; valid lines get ``outcome = null`` (pending).
+    Reason precedence: malformed_json > missing_key > bad_type > bad_value (first key in contract order).
+    """
+    parts = [_parse_kind(lines, k) for k in FILE_KINDS]
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def _pending():
+    return F.col("outcome").isNull()
+
+
+def _decide(df: DataFrame, cond, outcome: str, reason, detail=None) -> DataFrame:
+    """Set outcome/reason/detail on pending rows where ``cond`` holds."""
+    hit = _pending() & cond
+    return (df.withColumn("reason", F.when(hit, reason if not isinstance(reason, str) else F.lit(reason)).otherwise(F.col("reason")))
+              .withColumn("detail", F.when(hit, detail if detail is not None else F.lit(None).cast("string")).otherwise(F.col("detail")))
+              .withColumn("outcome", F.when(hit, F.lit(outcome)).otherwise(F.col("outcome"))))
+
+
+def _mark_keys(df: DataFrame, keys: DataFrame, outcome: str, reason: str) -> DataFrame:
+    """Decide the rows whose (source_file, line_no) is in the small frame ``keys``.
+
+    ``keys`` is small (the duplicates), so adaptive execution turns this into a broadcast join and
+    the wide rows (raw text and all fields) are never shuffled for deduplication.
+    """
+    flagged = df.join(keys.withColumn("_hit", F.lit(True)), ["source_file", "line_no"], "left")
+    return _decide(flagged, F.coalesce(F.col("_hit"), F.lit(False)), outcome, reason).drop("_hit")
+
+
+def mark_duplicate_lines(df: DataFrame) -> DataFrame:
+    """Exact copies of an earlier valid line of the same day and kind -> duplicate_line (first copy kept).
+
+    Line identity is (xxhash64, murmur3 hash, length) of the text: 96 bits of two independent hashes
+    plus the length, computed on a narrow projection so the wide rows are not shuffled. A false
+    merge needs a simultaneous collision of both hashes among lines of equal length (~n^2 / 2^97).
+    """
+    narrow = df.filter(_pending()).select(
+        "src_day", "kind", "source_file", "line_no",
+        F.xxhash64("raw").alias("_h1"), F.hash("raw").alias("_h2"), F.length("raw").alias("_len"))
+    w = Window.partitionBy("src_day", "kind", "_h1", "_h2", "_len").orderBy("source_file", "line_no")
+    dups = narrow.withColumn("_rn", F.row_number().over(w)).filter(F.col("_rn") > 1).select("source_file", "line_no")
+    return _mark_keys(df, dups, DUPLICATE, "duplicate_line")
+
+
+def mark_duplicate_impressions(df: DataFrame) -> DataFrame:
+    """A re-logged impression_id within one day's impressions: the earliest ts_ms wins (ties: file, line)."""
+    narrow = df.filter(_pending() & (F.col("kind") == "impressions")).select(
+        "src_day", "impression_id", "ts_ms", "source_file", "line_no")
+    w = Window.partitionBy("src_day", "impression_id").orderBy("ts_ms", "source_file", "line_no")
+    dups = narrow.withColumn("_rn", F.row_number().over(w)).filter(F.col("_rn") > 1).select("source_file", "line_no")
+    return _mark_keys(df, dups, DUPLICATE, "duplicate_impression_id")
+
+
+def day_start_col(day_col):
+    """UTC epoch ms of the start of the day in a 'YYYY-MM-DD' column."""
+    return F.unix_date(F.to_date(day_col)).cast("bigint") * F.lit(DAY_MS)
+
+
+def mark_out_of_range(df: DataFrame) -> DataFrame:
+    """Impressions and behaviors must carry a ts_ms inside their file's UTC day."""
+    start = day_start_col(F.col("src_day"))
+    outside = (F.col("kind") != "clicks") & ((F.col("ts_ms") < start) | (F.col("ts_ms") >= start + F.lit(DAY_MS)))
+    return _decide(df, outside, QUARANTINED, "ts_out_of_range",
+                   F.concat(F.lit("ts_ms="), F.col("ts_ms").cast("string"), F.lit(" outside "), F.col("src_day")))
+
+
+def accept_pending(df: DataFrame) -> DataFrame:
+    """Impressions and behaviors still pending are accepted events."""
+    return _decide(df, F.col("kind") != "clicks", ACCEPTED, "event")
+
+
+def attribute_clicks(df: DataFrame, window_ms: int) -> DataFrame:
+    """Resolve every pending click against the accepted impressions (see module docstring).
+
+    Input: the frame after ``accept_pending``. Output: same rows, clicks decided, plus
+    ``imp_day`` (day of the matched impression, null when none).
+    """
+    clicks = df.filter((F.col("kind") == "clicks") & _pending())
+    rest = df.filter(~((F.col("kind") == "clicks") & _pending())).withColumn("imp_day", F.lit(None).cast("string"))
+    imps = df.filter((F.col("kind") == "impressions") & (F.col("outcome") == ACCEPTED)).select(
+        F.col("impression_id").alias("m_impression_id"),
+        F.col("src_day").alias("imp_day"),
+        F.col("ts_ms").alias("imp_ts"),
+    )
+    same_or_prev = (F.col("imp_day") == F.col("src_day")) | (
+        F.to_date("imp_day") == F.date_sub(F.to_date("src_day"), 1))
+    cand = clicks.join(imps, (F.col("impression_id") == F.col("m_impression_id")) & same_or_prev, "left")
+    in_window = (F.col("imp_ts").isNotNull() & (F.col("ts_ms") >= F.col("imp_ts"))
+                 & (F.col("ts_ms") <= F.col("imp_ts") + F.lit(window_ms)))
+    cand = cand.withColumn("_in", F.coalesce(in_window, F.lit(False)))
+    # One candidate impression per click line (ids are unique per day; this only breaks the rare
+    # tie of an impression_id re-used on two consecutive days): prefer in-window, then the newer day.
+    one = Window.partitionBy("source_file", "line_no").orderBy(F.col("_in").desc(), F.col("imp_day").desc_nulls_last())
+    cand = cand.withColumn("_c", F.row_number().over(one)).filter(F.col("_c") == 1).drop("_c")
+    first = Window.partitionBy("imp_day", "impression_id", "_in").orderBy("ts_ms", "src_day", "source_file", "line_no")
+    cand = cand.withColumn("_rank", F.when(F.col("_in"), F.row_number().over(first)))
+
+    minutes = F.format_number((F.col("ts_ms") - F.col("imp_ts")) / F.lit(60_000.0), 1)
+    cand = _decide(cand, F.col("imp_ts").isNull(), QUARANTINED, "orphan_click",
+                   F.lit("no accepted impression with this impression_id on this day or the day before"))
+    cand = _decide(cand, ~F.col("_in"), QUARANTINED, "click_outside_window",
+                   F.concat(F.lit("click at "), minutes, F.lit(f" min from its impression (window {window_ms / 60000:g} min)")))
+    cand = _decide(cand, F.col("_rank") > 1, DUPLICATE, "duplicate_click",
+                   F.lit("a later click on an impression that already has an attributed click"))
+    cand = _decide(cand, F.col("_rank") == 1, ACCEPTED,
+                   F.when(F.col("imp_day") == F.col("src_day"), F.lit("attributed")).otherwise(F.lit("attributed_previous_day")))
+    cand = cand.withColumn("imp_day", F.when(F.col("outcome") == ACCEPTED, F.col("imp_day")))
+    cand = cand.drop("m_impression_id", "imp_ts", "_in", "_rank")
+    return rest.unionByName(cand)
+
+
+def resolve(lines: DataFrame, window_ms: int) -> DataFrame:
+    """All decision steps: every line ends with exactly one outcome (unpersisted composition)."""
+    return attribute_clicks(decide_lines(parse_lines(lines)), window_ms)
+
+
+def decide_lines(parsed: DataFrame) -> DataFrame:
+    """Dedup, ts range and acceptance of impressions/behaviors; clicks stay pending.
+
+    ``parsed`` is read by the narrow dedup branches and the result by the three attribution
+    branches, so the job persists both (each branch would otherwise recompute the parse).
+    """
+    df = mark_duplicate_lines(parsed)
+    df = mark_duplicate_impressions(df)
+    df = mark_out_of_range(df)
+    return accept_pending(df)
+
+
+def build_events(resolved: DataFrame, day: str) -> DataFrame:
+    """D's unified event table: accepted impressions (labelled) and behaviors, in time order."""
+    mine = resolved.filter((F.col("src_day") == day) & (F.col("outcome") == ACCEPTED))
+    winners = resolved.filter((F.col("kind") == "clicks") & (F.col("outcome") == ACCEPTED) & (F.col("imp_day") == day)).select(
+        F.col("impression_id").alias("w_impression_id"),
+        F.col("click_type").alias("w_click_type"),
+        F.col("dwell_ms").alias("w_dwell_ms"),
+        F.col("ts_ms").alias("w_ts_ms"),
+    )
+    imps = mine.filter(F.col("kind") == "impressions").join(
+        winners, F.col("impression_id") == F.col("w_impression_id"), "left")
+    imps = imps.select(
+        F.lit("impression").alias("event_kind"), "user_id", "ts_ms", "request_id", "impression_id",
+        F.col("ad_id").alias("item_id"), "ad_id", "campaign_id", "advertiser_id", "category_id", "brand_id",
+        "position", "surface", "device", F.lit(None).cast("string").alias("action"),
+        F.when(F.col("w_impression_id").isNotNull(), 1).otherwise(0).alias("label"),
+        F.col("w_click_type").alias("click_type"), F.col("w_dwell_ms").alias("dwell_ms"),
+        F.col("w_ts_ms").alias("click_ts_ms"),
+    )
+    behaviors = mine.filter(F.col("kind") == "behaviors").select(
+        F.lit("behavior").alias("event_kind"), "user_id", "ts_ms",
+        F.lit(None).alias("request_id"), F.lit(None).alias("impression_id"), "item_id",
+        F.lit(None).alias("ad_id"), F.lit(None).alias("campaign_id"), F.lit(None).alias("advertiser_id"),
+        "category_id", "brand_id", F.lit(None).alias("position"), F.lit(None).alias("surface"),
+        F.lit(None).alias("device"), "action", F.lit(None).alias("label"), F.lit(None).alias("click_type"),
+        F.lit(None).alias("dwell_ms"), F.lit(None).alias("click_ts_ms"),
+    )
+    cols = [F.col(c).cast(t).alias(c) for c, t in EVENT_COLUMNS.items()]
+    return imps.select(*cols).unionByName(behaviors.select(*cols))
+
+
+def build_quarantine(resolved: DataFrame, day: str) -> DataFrame:
+    """D's rejected lines with reason, detail, source file, line number and the raw text."""
+    q = resolved.filter((F.col("src_day") == day) & (F.col("outcome") == QUARANTINED))
+    return q.select(*[F.col(c).cast(t).alias(c) for c, t in QUARANTINE_COLUMNS.items()])
+
+
+def ledger_counts(resolved: DataFrame) -> DataFrame:
+    """(src_day, kind, source_file, outcome, reason, imp_day) -> lines, max_line_no, extra_field."""
+    return resolved.groupBy("src_day", "kind", "source_file", "outcome", "reason", "imp_day").agg(
+        F.count(F.lit(1)).alias("lines"),
+        F.max("line_no").alias("max_line_no"),
+        F.sum(F.when(F.col("has_extra") & (F.col("outcome") == ACCEPTED), 1).otherwise(0)).alias("extra_field"),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Job entry
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class KindAccount:
+    input_lines: int = 0
+    accepted: int = 0
+    quarantined: int = 0
+    duplicates: int = 0
+    accepted_by_reason: dict[str, int] = field(default_factory=dict)
+    quarantined_by_reason: dict[str, int] = field(default_factory=dict)
+    duplicates_by_reason: dict[str, int] = field(default_factory=dict)
+    extra_field: int = 0
+
+    @property
+    def closes(self) -> bool:
+        return self.input_lines == self.accepted + self.quarantined + self.duplicates
+
+
+@dataclass
+class EventsJobResult:
+    day: str
+    events_path: str
+    quarantine_path: str
+    accounting: dict[str, KindAccount]
+    events_rows: int
+    impressions: int
+    behaviors: int
+    clicked_impressions: int
+    previous_day_included: bool
+    next_day_included: bool
+    attribution_window_min: float
+    lines_read: int
+    duration_s: float
+
+    @property
+    def ctr(self) -> float | None:
+        return self.clicked_impressions / self.impressions if self.impressions else None
+
+    @property
+    def input_lines(self) -> int:
+        return sum(a.input_lines for a in self.accounting.values())
+
+    @property
+    def quarantined(self) -> int:
+        return sum(a.quarantined for a in self.accounting.values())
+
+    @property
+    def duplicates(self) -> int:
+        return sum(a.duplicates for a in self.accounting.values())
+
+    @property
+    def accepted(self) -> int:
+        return sum(a.accepted for a in self.accounting.values())
+
+    @property
+    def rows_per_s(self) -> float:
+        """Input lines of day D per second of job wall time (context lines of D-1/D+1 not counted)."""
+        return self.input_lines / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def accounting_closes(self) -> bool:
+        return all(a.closes for a in self.accounting.values())
+
+    def quarantine_by_reason(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.accounting.values():
+            for r, n in a.quarantined_by_reason.items():
+                out[r] = out.get(r, 0) + n
+        return dict(sorted(out.items()))
+
+    def duplicates_by_reason(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.accounting.values():
+            for r, n in a.duplicates_by_reason.items():
+                out[r] = out.get(r, 0) + n
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(ctr=self.ctr, rows_per_s=self.rows_per_s, input_lines=self.input_lines,
+                 accepted=self.accepted, quarantined=self.quarantined, duplicates=self.duplicates,
+                 accounting_closes=self.accounting_closes)
+        return d
+
+    def summary(self) -> str:
+        parts = [f"events {self.day}: {self.input_lines} lines -> {self.accepted} accepted, "
+                 f"{self.quarantined} quarantined, {self.duplicates} duplicates"]
+        for kind, a in self.accounting.items():
+            parts.append(f"  {kind}: in={a.input_lines} acc={a.accepted} {a.accepted_by_reason} "
+                         f"q={a.quarantined} {a.quarantined_by_reason} dup={a.duplicates} {a.duplicates_by_reason}")
+        ctr = f"{self.ctr:.4f}" if self.ctr is not None else "n/a"
+        parts.append(f"  events={self.events_rows} impressions={self.impressions} ctr={ctr} "
+                     f"{self.duration_s:.1f}s {self.rows_per_s:,.0f} lines/s")
+        return "\n".join(parts)
+
+
+def _shift(day: str, days: int) -> str:
+    return (dt.date.fromisoformat(day) + dt.timedelta(days=days)).isoformat()
+
+
+def _context_day(home: Path, day: str, verify: bool) -> landing.LandingDay | None:
+    """A neighbouring landing day if it is complete; None if absent or not yet complete."""
+    path = landing.day_dir(home, day)
+    if not (path / landing.SUCCESS_MARKER).exists():
+        return None
+    return landing.open_day(home, day, verify=verify)
+
+
+def _clean_spark_files(path: Path) -> None:
+    """Drop Spark's checksum/marker files and name the parts ``part-00000.parquet``, ... in order."""
+    for p in path.iterdir():
+        if (p.name.startswith(".") and p.name.endswith(".crc")) or p.name == "_SUCCESS":
+            p.unlink()
+    for i, p in enumerate(sorted(path.glob("part-*.parquet"))):
+        p.rename(path / f"part-{i:05d}.parquet")
+
+
+def write_partition(df: DataFrame, base: Path, day: str, sort_cols: Sequence[str] | None = None, files: int = 1) -> Path:
+    """Write ``df`` as ``base/date=day`` atomically (temp dir + rename); returns the final path."""
+    base.mkdir(parents=True, exist_ok=True)
+    final = base / f"date={day}"
+    tmp = base / f".tmp-date={day}-{uuid.uuid4().hex[:8]}"
+    try:
+        out = df.repartition(files)
+        if sort_cols:
+            out = out.sortWithinPartitions(*sort_cols)
+        out.write.mode("error").parquet(str(tmp))
+        _clean_spark_files(tmp)
+        replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+# Session settings the job relies on (set for the job's duration, then restored).
+JOB_CONF = {
+    # one gzip file per Spark partition, so line numbers come from monotonically_increasing_id
+    "spark.sql.files.openCostInBytes": str(1 << 40),
+    "spark.sql.mapKeyDedupPolicy": "LAST_WIN",   # repeated JSON keys are flagged, never an exception
+}
+
+EVENT_SORT = ("ts_ms", "user_id", "event_kind", "impression_id", "item_id", "action")
+
+
+def run_events_job(
+    spark: SparkSession,
+    home: str | os.PathLike,
+    day: str | dt.date,
+    attribution_window_min: float = 60,
+    require_next_day: bool = False,
+    use_next_day: bool = True,
+    verify_landing: bool = True,
+    events_files: int = 1,
+) -> EventsJobResult:
+    """Run the events job for one day (see the module docstring for the rules).
+
+    * ``require_next_day``: raise ``LandingError`` if D+1 is not complete (otherwise D+1 is used when
+      complete and skipped when not — the asset applies the grace period).
+    * ``use_next_day=False`` ignores D+1 even when present (tests, replays).
+    * ``verify_landing`` decompresses each landing file once to check its gzip and line count
+      against ``_SUCCESS`` before Spark reads it.
+    """
+    t0 = time.perf_counter()
+    home = Path(home)
+    day = day if isinstance(day, str) else day.isoformat()
+    current = landing.open_day(home, day, verify=verify_landing)
+    previous = _context_day(home, _shift(day, -1), verify_landing)
+    nxt = None
+    if use_next_day:
+        nxt = _context_day(home, _shift(day, 1), verify_landing)
+        if nxt is None and require_next_day:
+            raise landing.LandingError(
+                f"landing day {_shift(day, 1)} is not complete: the events job for {day} needs it for late clicks")
+
+    sources: list[SourceFile] = []
+    for kind in FILE_KINDS:
+        sources += [SourceFile(day, kind, str(p)) for p in current.files[kind]]
+    if previous is not None:
+        for kind in ("impressions", "clicks"):
+            sources += [SourceFile(previous.day, kind, str(p)) for p in previous.files[kind]]
+    if nxt is not None:
+        sources += [SourceFile(nxt.day, "clicks", str(p)) for p in nxt.files["clicks"]]
+
+    window_ms = int(round(attribution_window_min * 60_000))
+    saved = {k: spark.conf.get(k, None) for k in JOB_CONF}
+    for k, v in JOB_CONF.items():
+        spark.conf.set(k, v)
+    resolved = parsed = decided = None
+    try:
+        parsed = parse_lines(read_lines(spark, sources)).persist(StorageLevel.MEMORY_AND_DISK)
+        decided = decide_lines(parsed).persist(StorageLevel.MEMORY_AND_DISK)
+        decided.count()
+        parsed.unpersist()
+        resolved = attribute_clicks(decided, window_ms).persist(StorageLevel.MEMORY_AND_DISK)
+        counts = ledger_counts(resolved).collect()
+        decided.unpersist()
+        accounting = {kind: KindAccount() for kind in FILE_KINDS}
+        clicked = 0
+        per_file: dict[str, list[int]] = {}
+        for r in counts:
+            f = per_file.setdefault(r["source_file"], [0, 0])
+            f[0] += r["lines"]
+            f[1] = max(f[1], r["max_line_no"] or 0)
+            if r["outcome"] == ACCEPTED and r["kind"] == "clicks" and r["imp_day"] == day:
+                clicked += r["lines"]
+            if r["src_day"] != day:
+                continue
+            a = accounting[r["kind"]]
+            n = r["lines"]
+            bucket = {ACCEPTED: a.accepted_by_reason, QUARANTINED: a.quarantined_by_reason,
+                      DUPLICATE: a.duplicates_by_reason}[r["outcome"]]
+            bucket[r["reason"]] = bucket.get(r["reason"], 0) + n
+            a.extra_field += r["extra_field"]
+            a.input_lines += n
+        lines_read = sum(n for n, _ in per_file.values())
+        packed = {f: v for f, v in per_file.items() if v[0] != v[1]}
+        if packed:
+            raise AccountingError(f"line numbers are not exact (several files in one Spark partition?): {packed}")
+        for kind, a in accounting.items():
+            a.accepted = sum(a.accepted_by_reason.values())
+            a.quarantined = sum(a.quarantined_by_reason.values())
+            a.duplicates = sum(a.duplicates_by_reason.values())
+            for bucket in (a.accepted_by_reason, a.quarantined_by_reason, a.duplicates_by_reason):
+                items = sorted(bucket.items())
+                bucket.clear()
+                bucket.update(items)
+            if verify_landing and a.input_lines != current.line_counts[kind]:
+                raise AccountingError(f"{day} {kind}: Spark read {a.input_lines} lines, the landing files hold {current.line_counts[kind]}")
+            if not a.closes:
+                raise AccountingError(
+                    f"{day} {kind}: {a.input_lines} input lines != {a.accepted} accepted + {a.quarantined} quarantined + {a.duplicates} duplicates")
+
+        lake = home / "lake"
+        events_path = write_partition(build_events(resolved, day), lake / "events", day, EVENT_SORT, events_files)
+        quarantine_path = write_partition(build_quarantine(resolved, day), lake / "quarantine", day,
+                                          ("kind", "source_file", "line_no"), 1)
+    finally:
+        for cached in (parsed, decided, resolved):
+            if cached is not None:
+                cached.unpersist()
+        for k, v in saved.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+    impressions = accounting["impressions"].accepted
+    behaviors = accounting["behaviors"].accepted
+    return EventsJobResult(
+        day=day,
+        events_path=str(events_path),
+        quarantine_path=str(quarantine_path),
+        accounting=accounting,
+        events_rows=impressions + behaviors,
+        impressions=impressions,
+        behaviors=behaviors,
+        clicked_impressions=clicked,
+        previous_day_included=previous is not None,
+        next_day_included=nxt is not None,
+        attribution_window_min=float(attribution_window_min),
+        lines_read=lines_read,
+        duration_s=time.perf_counter() - t0,
+    )
