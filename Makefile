@@ -9,9 +9,13 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_TELEMETRY := false
 export DAGSTER_DISABLE_TELEMETRY := true
 
-.PHONY: setup demo test java dagster mlflow clean-data
+.PHONY: setup demo test java dbt-manifest dagster mlflow clean-data
 
-setup: $(STAMP) java
+setup: $(STAMP) java dbt-manifest
+
+# dbt's manifest, which the Dagster code location loads (re-parsed only when a model changed)
+dbt-manifest: $(STAMP)
+	$(BIN)/python -c "from transforms.sequences import ensure_manifest; ensure_manifest()"
 
 # The CPU torch wheel goes in first, pinned, so nothing later can pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml

@@ -25,6 +25,7 @@ import pandas as pd
 
 from deploy import registry as reg
 from deploy.gates import GateConfig, evaluate_gates
+from deploy.reports import calibration_figure, metrics_by_bucket
 from pipelines import settings
 from pipelines.partitions import daily_partitions
 from pipelines.resources import GenrankPaths, MlflowResource
@@ -423,7 +424,8 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
     champion = r.by_alias(reg.CTR, "champion")
     with tempfile.TemporaryDirectory() as tmp:
         model = load_model(str(r.checkpoint(reg.CTR, challenger.version, Path(tmp) / "c")))
-        challenger_metrics = _metrics(predict(model, str(samples), with_labels=True))
+        challenger_pred = predict(model, str(samples), with_labels=True)
+        challenger_metrics = _metrics(challenger_pred)
         latency = _latency_p99_ms(model, samples, config.latency_requests)
         if champion is not None and champion.version != challenger.version:
             champ_model = load_model(str(r.checkpoint(reg.CTR, champion.version, Path(tmp) / "p")))
@@ -452,6 +454,12 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
         r.client.log_metric(run.info.run_id, k, v)
     r.client.log_text(run.info.run_id, "\n".join(f"{g.name}: {'pass' if g.passed else 'FAIL'} - {g.reason}" for g in gates),
                       "gates.txt")
+    r.client.log_dict(run.info.run_id, metrics_by_bucket(challenger_pred), "metrics_by_bucket.json")
+    figure = calibration_figure(challenger_pred, f"genrank-ctr v{challenger.version} on {day} (out of time)")
+    r.client.log_figure(run.info.run_id, figure, "calibration_by_bucket.png")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
     r.client.set_terminated(run.info.run_id)
     gates_path = paths.lake_partition("evaluations", day) / "gates.json"
     gates_path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,14 +27,15 @@ sys.path.insert(0, str(REPO))
 from transforms import landing, sequences  # noqa: E402
 
 
-def prepare_lake(workdir: Path, preset: str, seed: int) -> list[str]:
-    from transforms.simulator import simulate
+def prepare_lake(workdir: Path, preset: str, seed: int, days: int | None) -> list[str]:
+    from transforms.simulator import resolve_config, simulate
 
-    marker = workdir / f".lake-{preset}-{seed}"
+    marker = workdir / f".lake-{preset}-{seed}-{days}"
     if not marker.exists():
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
-        print(simulate(preset=preset, seed=seed, out=workdir).summary(), flush=True)
+        config = resolve_config(preset, n_days=days) if days else None
+        print(simulate(preset=preset, seed=seed, out=workdir, config=config).summary(), flush=True)
         from transforms.spark.events import run_events_job
         from transforms.spark.session import build_session
 
@@ -67,12 +68,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="large")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--days", type=int, default=None, help="simulate only the first N days of the preset")
     ap.add_argument("--workdir", default="/tmp/genrank-bench-sequences")
     ap.add_argument("--select", default="stg_events user_sequences",
                     help="dbt models to build (training_samples grows with history by design; add it to see)")
     args = ap.parse_args()
     workdir = Path(args.workdir)
-    days = prepare_lake(workdir, args.preset, args.seed)
+    days = prepare_lake(workdir, args.preset, args.seed, args.days)
     n = len(days)
 
     inc_home = workdir / "incremental"

@@ -68,6 +68,10 @@ def test_a_champion_exists_with_its_evidence(pipeline_run):
         assert tag in champion.tags
     assert "Champion: genrank-ctr v" in stdout
     assert r.by_alias(reg.TEACHER, "current") is not None
+    evaluation = r.client.search_runs([r.experiment_id(reg.CTR)], f"tags.partition = '{report.days[3]}' and "
+                                      f"tags.challenger_version = '{champion.version}'")[0]
+    artifacts = {a.path for a in r.client.list_artifacts(evaluation.info.run_id)}
+    assert {"calibration_by_bucket.png", "metrics_by_bucket.json", "gates.txt"} <= artifacts
 
 
 def test_broken_challenger_is_refused_then_forced_then_rolled_back(pipeline_run):
