@@ -1,0 +1,40 @@
+"""Promotion gates: what passes, what is refused, and the reasons they give."""
+
+from deploy.gates import GateConfig, evaluate_gates
+
+CHAMPION = {"auc": 0.70, "logloss": 0.20, "ctr": 0.05, "bucket0_calibration": 1.0, "bucket0_n": 2000,
+            "bucket0_clicks": 100, "bucket1_calibration": 1.1, "bucket1_n": 1000, "bucket1_clicks": 30}
+
+
+def _gates(challenger, reference=CHAMPION, name="champion v1", latency=5.0, cfg=GateConfig()):
+    return {g.name: g for g in evaluate_gates(challenger, reference, name, latency, cfg)}
+
+
+def test_an_equal_challenger_passes_within_tolerances():
+    gates = _gates({**CHAMPION, "auc": 0.699, "logloss": 0.204})
+    assert all(g.passed for g in gates.values()), {k: g.reason for k, g in gates.items()}
+
+
+def test_worse_auc_and_logloss_are_refused_with_reasons():
+    gates = _gates({**CHAMPION, "auc": 0.69, "logloss": 0.21})
+    assert not gates["auc"].passed and "0.6900" in gates["auc"].reason and "champion v1" in gates["auc"].reason
+    assert not gates["logloss"].passed and abs(gates["logloss"].threshold - 0.205) < 1e-12
+
+
+def test_first_model_must_beat_the_baseline_auc_outright():
+    baseline = {"auc": 0.60, "logloss": 0.20}
+    assert not _gates({**CHAMPION, "auc": 0.60}, baseline, "baseline")["auc"].passed
+    assert not _gates({**CHAMPION, "auc": 0.599}, baseline, "baseline")["auc"].passed
+    assert _gates({**CHAMPION, "auc": 0.601, "logloss": 0.2049}, baseline, "baseline")["logloss"].passed
+
+
+def test_calibration_judges_only_buckets_with_enough_clicks():
+    skewed = {**CHAMPION, "bucket1_calibration": 3.0, "bucket1_clicks": 10}
+    assert _gates(skewed)["calibration"].passed  # 10 clicks: too few to judge
+    gate = _gates({**skewed, "bucket1_clicks": 25})["calibration"]
+    assert not gate.passed and "bucket 1: 3.0000" in gate.reason
+
+
+def test_latency_budget():
+    assert not _gates(CHAMPION, latency=51.0)["latency"].passed
+    assert _gates(CHAMPION, latency=49.0)["latency"].passed
