@@ -113,7 +113,7 @@ def run_days(start: str | None, end: str | None, home: Path | None = None) -> Ru
                                            tags={"genrank/launched_by": "cli"})
             meta = _materialization_metadata(t, "teacher_model")
             print(f"{day}  teacher retrained after the day: version {meta.get('version')}, "
-                  f"validation AUC {_fmt(meta.get('val_auc'))} on {meta.get('validation_day')}"
+                  f"trained on {meta.get('window')} ({meta.get('steps')} steps)"
                   + ("" if t.success else f"  FAILED: {_summarise(day, t).error}"), flush=True)
             last_teacher_day = day
     summary = RunSummary(results)

@@ -30,5 +30,6 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_ATTRIBUTION_WINDOW_MIN": ("60", "minutes after an impression within which a click is attributed to it"),
     "GENRANK_LATE_GRACE_HOURS": ("6", "how long the newest day waits for D+1's files before it is processed without them"),
     "GENRANK_TORCH_THREADS": ("1", "torch intra-op threads for training and evaluation (more thrash on shared cores)"),
+    "GENRANK_LATENCY_BUDGET_MS": ("50", "promotion gate: p99 scoring time of one request (CADET: p99 < 50 ms)"),
     "MLFLOW_TRACKING_URI": ("sqlite:///$GENRANK_HOME/mlflow.db", "MLflow tracking and registry store"),
 }
