@@ -117,7 +117,9 @@ def run_days(start: str | None, end: str | None, home: Path | None = None) -> Ru
                   + ("" if t.success else f"  FAILED: {_summarise(day, t).error}"), flush=True)
             last_teacher_day = day
     summary = RunSummary(results)
-    print(f"\n{sum(r.success for r in results)}/{len(results)} days succeeded.")
+    refused = sum(_only_gates_failed(r) for r in results)
+    print(f"\n{sum(r.success for r in results) + refused}/{len(results)} days ran"
+          + (f" ({refused} challenger(s) refused by the gates: a decision, not a failure)." if refused else "."))
     print(_bucket_table(home, days[-1]))
     print(_champion_line(home))
     print(f"Dagster: DAGSTER_HOME={os.environ['DAGSTER_HOME']} dagster dev -w workspace.yaml  (http://localhost:3000)")
@@ -218,12 +220,12 @@ def _summarise(day: str, result) -> DayResult:
 
 
 def _format_day(r: DayResult) -> str:
-    status = "ok" if r.success and not r.failed_checks else "FAILED"
+    status = "ok" if r.success and not r.failed_checks else "refused" if _only_gates_failed(r) else "FAILED"
     parts = [f"{r.day}  {status:6s}"]
     parts += [f"{k}={_fmt(v)}" for k, v in r.figures.items()]
     if r.failed_checks:
         parts.append("failed checks: " + ", ".join(r.failed_checks))
-    if r.error:
+    if r.error and not _only_gates_failed(r):
         parts.append(f"error: {r.error}")
     return "  ".join(parts)
 
