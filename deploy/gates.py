@@ -21,6 +21,7 @@ class GateConfig:
     calibration_band: tuple[float, float] = (0.5, 2.0)  # predicted / observed CTR per position bucket
     calibration_min_clicks: int = 20   # a bucket with fewer clicks is too noisy to judge
     latency_budget_ms: float = 50.0    # p99 scoring time of one request (CADET: p99 < 50 ms)
+    parity_tolerance: float = 1e-4     # max |p_onnx - p_torch|: the served graph must be the trained model
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,10 @@ def _fmt(x: float) -> str:
 
 
 def evaluate_gates(challenger: dict, reference: dict, reference_name: str, latency_p99_ms: float,
-                   cfg: GateConfig = GateConfig()) -> list[GateResult]:
-    """``reference`` is the champion's metrics, or the baseline's when there is no champion."""
+                   onnx_max_abs_diff: float, cfg: GateConfig = GateConfig()) -> list[GateResult]:
+    """``reference`` is the champion's metrics, or the baseline's when there is no champion.
+    ``latency_p99_ms`` and ``onnx_max_abs_diff`` are measured on the challenger's ONNX graph (nan when it
+    has none, which fails both gates)."""
     first_model = reference_name == "baseline"
     results = []
     auc_floor = reference["auc"] if first_model else reference["auc"] - cfg.auc_tolerance
@@ -71,8 +74,13 @@ def evaluate_gates(challenger: dict, reference: dict, reference_name: str, laten
         "calibration", not bad, float(len(bad)), 0.0,
         (f"predicted/observed CTR outside [{lo}, {hi}] in " + ", ".join(bad)) if bad
         else f"{judged} bucket(s) with >= {cfg.calibration_min_clicks} clicks inside [{lo}, {hi}]"))
+    ok = onnx_max_abs_diff <= cfg.parity_tolerance
+    results.append(GateResult(
+        "onnx_parity", bool(ok), onnx_max_abs_diff, cfg.parity_tolerance,
+        f"max |p_onnx - p_torch| {onnx_max_abs_diff:.2e} {'<=' if ok else 'not <='} {cfg.parity_tolerance:.0e}"))
     ok = latency_p99_ms <= cfg.latency_budget_ms
     results.append(GateResult(
         "latency", bool(ok), latency_p99_ms, cfg.latency_budget_ms,
-        f"p99 request scoring {latency_p99_ms:.1f} ms {'<=' if ok else '>'} budget {cfg.latency_budget_ms} ms"))
+        f"p99 request scoring (onnxruntime) {latency_p99_ms:.1f} ms {'<=' if ok else 'not <='} budget "
+        f"{cfg.latency_budget_ms} ms"))
     return results

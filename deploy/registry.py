@@ -89,8 +89,10 @@ class Registry:
         return self.client.create_experiment(name, artifact_location=(Path(self.artifact_root) / name).resolve().as_uri())
 
     def log_version(self, name: str, run_id: str, checkpoint: Path, input_example: pd.DataFrame,
-                    output_example: pd.DataFrame, tags: dict[str, str], description: str) -> str:
-        """Log the checkpoint as a pyfunc model under ``run_id`` and register it; returns the version."""
+                    output_example: pd.DataFrame, tags: dict[str, str], description: str,
+                    extra_artifacts: dict[str, Path] | None = None) -> str:
+        """Log the checkpoint (and ``extra_artifacts``, e.g. the ONNX graph that serves) as a pyfunc
+        model under ``run_id`` and register it; returns the version."""
         import mlflow
         from mlflow.models import infer_signature
 
@@ -98,7 +100,7 @@ class Registry:
             info = mlflow.pyfunc.log_model(
                 name="model",
                 python_model=_pyfunc_class()(),
-                artifacts={"checkpoint": str(checkpoint)},
+                artifacts={"checkpoint": str(checkpoint), **{k: str(v) for k, v in (extra_artifacts or {}).items()}},
                 input_example=input_example,
                 signature=infer_signature(input_example, output_example),
                 pip_requirements=["genrank"],  # the project itself: avoids slow requirement inference
@@ -141,16 +143,20 @@ class Registry:
         hits = [v for v in versions if all(v.tags.get(k) == str(t) for k, t in tags.items())]
         return max(hits, key=lambda v: int(v.version)) if hits else None
 
-    def checkpoint(self, name: str, version: str, dst: Path) -> Path:
-        """Download a version's torch checkpoint; returns its local path."""
+    def artifact(self, name: str, version: str, dst: Path, pattern: str) -> Path:
+        """Download a version's model files into ``dst``; returns the one file matching ``pattern``."""
         import mlflow.artifacts
 
         mv = self.client.get_model_version(name, version)
         local = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst))
-        files = sorted(Path(local).rglob("*.pt"))
+        files = sorted(Path(local).rglob(pattern))
         if not files:
-            raise FileNotFoundError(f"{name} v{version}: no .pt checkpoint under {local}")
+            raise FileNotFoundError(f"{name} v{version}: no {pattern} under {local}")
         return files[0]
+
+    def checkpoint(self, name: str, version: str, dst: Path) -> Path:
+        """Download a version's torch checkpoint; returns its local path."""
+        return self.artifact(name, version, dst, "*.pt")
 
     def tag(self, name: str, version: str, tags: dict[str, object]) -> None:
         for k, v in tags.items():

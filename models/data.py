@@ -480,6 +480,32 @@ def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True
                          cand_ts=s.ts[tgt_idx], targets=Targets.of(s, tgt_idx), n_events=len(hist))
 
 
+def sample_from_frame(events: pd.DataFrame, fc: FeatureConfig, date: str = "") -> Sample:
+    """One user's events (the training_samples / user_sequences columns; missing ones are null) as a
+    Sample, hashed exactly as at training time. Serving builds histories and candidates with this."""
+    types = {"ts_ms": pa.int64(), "is_target": pa.bool_(), "position": pa.int64(), "position_bucket": pa.int64(),
+             "label": pa.int64(), "dwell_ms": pa.float64()}
+    n = len(events)
+    tbl = pa.table({c: pa.array(events[c].tolist() if c in events.columns else [None] * n,
+                                type=types.get(c, pa.string()), from_pandas=True) for c in READ_COLUMNS})
+    d = _convert(tbl, fc)
+    if not len(d["ts"]):
+        return Sample(user_id="", date=date, teacher_p=np.zeros(0, np.float32), **{k: d[k] for k in SAMPLE_ARRAYS[:-1]})
+    return _make_sample(d, date, None)
+
+
+def request_tokens(history: Sample, candidates: Sample, cfg) -> StudentTokens:
+    """Serving: one request's student tokens. The history (every event of ``history``, targets or
+    not) is cut to the newest max_len events and merged LITM -> PATM as at training time; every row
+    of ``candidates`` becomes a content-only candidate token at its own time (the request time)."""
+    hist = replace(history, is_target=np.zeros(history.n_events, bool))
+    h = student_tokens(hist, cfg.features, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds,
+                       cfg.patm_factors)
+    idx = np.arange(candidates.n_events)
+    return replace(h, cand_feats=_content_feats(candidates, idx, TT_CANDIDATE), cand_ts=candidates.ts[idx],
+                   targets=Targets.of(candidates, idx))
+
+
 # ----------------------------------------------------------------------------- batches
 
 @dataclass
@@ -533,13 +559,40 @@ def collate(toks: list) -> Batch:
     return collate_teacher(toks) if isinstance(toks[0], TeacherTokens) else collate_student(toks)
 
 
+def without_history(t: StudentTokens) -> StudentTokens:
+    """The same candidates with no history tokens (StudentConfig.use_history=False)."""
+    F = t.ev_feats.shape[1]
+    return replace(t, ev_feats=np.zeros((0, F), np.int64), ev_group=np.zeros(0, np.int64),
+                   hist_ts=np.zeros(0, np.int64), n_events=0)
+
+
+def with_candidate_positions(t: StudentTokens, s: Sample, fc: FeatureConfig) -> StudentTokens:
+    """Puts each candidate's real position into its F_POS column (StudentConfig.position_input).
+    The candidates of student_tokens are the sample's valid targets, the newest ones if cut."""
+    n = len(t.cand_ts)
+    idx = np.flatnonzero(_valid_targets(s))
+    idx = idx[len(idx) - n:]
+    assert np.array_equal(s.impression_id[idx], t.targets.impression_id), "candidates are not the sample's targets"
+    feats = t.cand_feats.copy()
+    feats[:, F_POS] = np.clip(s.position[idx], 0, fc.max_position)
+    return replace(t, cand_feats=feats)
+
+
 def tokenizer_for(kind: str, cfg):
     """Sample -> tokens for a TeacherConfig / StudentConfig, with max_tokens = the budget."""
     fc = cfg.features
     if kind == "teacher":
         return lambda s, budget: teacher_tokens(s, fc, min(cfg.max_len, budget))
-    return lambda s, budget: student_tokens(s, fc, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds,
-                                            cfg.patm_factors, max_tokens=budget)
+
+    def student(s: Sample, budget: int) -> StudentTokens:
+        t = student_tokens(s, fc, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds, cfg.patm_factors,
+                           max_tokens=budget)
+        if not getattr(cfg, "use_history", True):
+            t = without_history(t)
+        if getattr(cfg, "position_input", False):
+            t = with_candidate_positions(t, s, fc)
+        return t
+    return student
 
 
 def split_for_ranks(toks: list, world: int) -> list[list]:

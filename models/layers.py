@@ -98,7 +98,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.dh) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.dh) if cfg.qk_norm else None
 
-    def forward(self, h, lo, hi, rope_cs):
+    def forward(self, h, lo, hi, rope_cs, n_keys: int | None = None):
+        """n_keys: the export path (see kernels.prefix_interval_attention); None = the configured backend."""
         T = h.shape[0]
         q, k, v = self.qkv(h).view(T, 3, self.h, self.dh).unbind(1)
         if self.q_norm is not None:
@@ -108,7 +109,8 @@ class Attention(nn.Module):
             k = k * torch.sigmoid(self.k_gate(h)).view(T, self.h, self.dh)
         q, k = RoPE.apply(q, rope_cs), RoPE.apply(k, rope_cs)
         q, k = q.to(v.dtype), k.to(v.dtype)  # under autocast v is bf16 while norms/RoPE give fp32
-        o = interval_attention(q, k, v, lo, hi, backend=self.cfg.attn_backend, chunk=self.cfg.attn_chunk)
+        backend = self.cfg.attn_backend if n_keys is None else "prefix"
+        o = interval_attention(q, k, v, lo, hi, backend=backend, chunk=self.cfg.attn_chunk, n_keys=n_keys)
         return self.proj(o.reshape(T, -1))
 
 
@@ -136,11 +138,11 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_ratio)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, lo, hi, rope_cs):
+    def forward(self, x, lo, hi, rope_cs, n_keys: int | None = None):
         h = self.norm1(x)
         if self.in_gate is not None:  # CADET input self-gate
             h = h * torch.sigmoid(self.in_gate(h))
-        x = x + self.drop(self.attn(h, lo, hi, rope_cs))
+        x = x + self.drop(self.attn(h, lo, hi, rope_cs, n_keys))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 

@@ -6,8 +6,8 @@ CHAMPION = {"auc": 0.70, "logloss": 0.20, "ctr": 0.05, "bucket0_calibration": 1.
             "bucket0_clicks": 100, "bucket1_calibration": 1.1, "bucket1_n": 1000, "bucket1_clicks": 30}
 
 
-def _gates(challenger, reference=CHAMPION, name="champion v1", latency=5.0, cfg=GateConfig()):
-    return {g.name: g for g in evaluate_gates(challenger, reference, name, latency, cfg)}
+def _gates(challenger, reference=CHAMPION, name="champion v1", latency=5.0, cfg=GateConfig(), parity=1e-6):
+    return {g.name: g for g in evaluate_gates(challenger, reference, name, latency, parity, cfg)}
 
 
 def test_an_equal_challenger_passes_within_tolerances():
@@ -38,3 +38,10 @@ def test_calibration_judges_only_buckets_with_enough_clicks():
 def test_latency_budget():
     assert not _gates(CHAMPION, latency=51.0)["latency"].passed
     assert _gates(CHAMPION, latency=49.0)["latency"].passed
+
+
+def test_onnx_parity_gate():
+    assert _gates(CHAMPION, parity=9e-5)["onnx_parity"].passed
+    refused = _gates(CHAMPION, parity=3e-3)["onnx_parity"]
+    assert not refused.passed and "3.00e-03" in refused.reason
+    assert not _gates(CHAMPION, parity=float("nan"))["onnx_parity"].passed  # a version without a graph

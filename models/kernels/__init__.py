@@ -5,7 +5,8 @@
 
 backend: "auto" (Triton on CUDA when importable, the torch reference elsewhere),
 "reference", "triton" (forces the kernel: on CPU only under TRITON_INTERPRET=1),
-"naive" (dense mask, tests only) or "sdpa" (dense-mask torch SDPA, benchmarks).
+"naive" (dense mask, tests only), "sdpa" (dense-mask torch SDPA, benchmarks) or "prefix" (keys
+limited to the first n_keys tokens, traceable: the ONNX export of the serving layout).
 The environment variable GENRANK_ATTN_BACKEND overrides "auto" (for tests and
 debugging); the Triton module is imported lazily so CPU code never needs it.
 """
@@ -16,10 +17,10 @@ import os
 import torch
 
 from .reference import (dense_mask, interval_attention_reference, naive_interval_attention,
-                        sdpa_interval_attention)
+                        prefix_interval_attention, sdpa_interval_attention)
 
 __all__ = ["interval_attention", "interval_attention_reference", "naive_interval_attention",
-           "sdpa_interval_attention", "dense_mask", "triton_available", "resolve_backend"]
+           "sdpa_interval_attention", "prefix_interval_attention", "dense_mask", "triton_available", "resolve_backend"]
 
 _TRITON = None
 
@@ -48,9 +49,13 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def interval_attention(q, k, v, lo, hi, scale: float | None = None, backend: str = "auto", chunk: int = 256):
-    """q, k, v: (T, H, D); lo, hi: (T,) global key bounds. Query q attends [lo_q, hi_q) plus itself."""
+def interval_attention(q, k, v, lo, hi, scale: float | None = None, backend: str = "auto", chunk: int = 256,
+                       n_keys: int | None = None):
+    """q, k, v: (T, H, D); lo, hi: (T,) global key bounds. Query q attends [lo_q, hi_q) plus itself.
+    n_keys (only with backend "prefix"): no hi exceeds it."""
     b = resolve_backend(backend, q.device)
+    if b == "prefix":
+        return prefix_interval_attention(q, k, v, lo, hi, scale, n_keys)
     if b == "triton":
         return _triton_fn()(q, k, v, lo, hi, scale)
     if b == "reference":

@@ -147,3 +147,25 @@ def sdpa_interval_attention(q, k, v, lo, hi, scale: float | None = None):
     out = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask[None, None], scale=scale)
     return out[0].transpose(0, 1)
+
+
+def prefix_interval_attention(q, k, v, lo, hi, scale: float | None = None, n_keys: int | None = None):
+    """The contract when no query looks past the first ``n_keys`` tokens (every hi_q <= n_keys; None = T):
+    the serving layout [history | candidates], where candidates see only history. Scores are taken
+    against those keys plus each query's own key, O(T x n_keys), with no data-dependent Python, so the
+    function traces into a static ONNX graph (the export path). Empty key prefixes (a user without
+    history) are fine: the self key is always there."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    T = q.shape[0]
+    n = T if n_keys is None else n_keys
+    kp, vp = k[:n], v[:n]
+    j = torch.arange(n, device=q.device)
+    qi = torch.arange(T, device=q.device)
+    allowed = (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None]) & (j[None, :] != qi[:, None])
+    S = torch.einsum("qhd,khd->hqk", q, kp) * scale
+    S = S.masked_fill(~allowed[None], float("-inf"))
+    s_self = (q * k).sum(-1).transpose(0, 1)[..., None] * scale  # (H, T, 1)
+    P = torch.softmax(torch.cat([S, s_self], -1), dim=-1)
+    o = torch.einsum("hqk,khd->qhd", P[..., :n], vp) + P[..., n].transpose(0, 1)[..., None] * v
+    return o

@@ -1,0 +1,126 @@
+"""The exported ONNX graph is the trained student: parity with Student.forward (the specification)
+over random histories and candidate sets, cold starts, and candidate isolation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from deploy.onnx_export import (PARITY_TOLERANCE, OnnxScorer, RequestScorer, export_onnx, find_bundle,
+                                request_arrays, torch_probs, write_bundle)
+from models import preset
+from models.data import request_tokens, sample_from_frame
+from models.student import Student
+
+HOUR = 3_600_000
+DAY = 24 * HOUR
+
+
+def _student(rope: str) -> Student:
+    """A tiny student with 4 layers (so LPTM merges once, before layer 2) and weights spread wide
+    enough that probabilities vary across candidates: parity of near-constant outputs proves little."""
+    _, cfg, _ = preset("tiny")
+    cfg = dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, n_layers=4),
+                              rope=dataclasses.replace(cfg.rope, mode=rope, dt_max_s=86400.0))
+    torch.manual_seed(1)
+    m = Student(cfg).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.15)
+    return m
+
+
+@pytest.fixture(scope="module", params=["time", "index"])
+def exported(request, tmp_path_factory):
+    m = _student(request.param)
+    path = export_onnx(m, tmp_path_factory.mktemp(f"onnx-{request.param}") / "model.onnx")
+    return m, OnnxScorer(path, threads=1)
+
+
+def _events(rng, n: int, t0: int, t1: int, kind=None) -> pd.DataFrame:
+    items = [f"ad{x}" for x in rng.integers(0, max(2, n // 3 + 1), n)]  # repeats, so LITM merges
+    return pd.DataFrame({
+        "user_id": "u", "ts_ms": np.sort(rng.integers(t0, t1, n)),
+        "event_kind": rng.choice(["impression", "behavior"], n) if kind is None else kind,
+        "item_id": items, "campaign_id": [f"c{x}" for x in rng.integers(0, 6, n)],
+        "advertiser_id": [f"a{x}" for x in rng.integers(0, 4, n)], "category_id": [f"k{x}" for x in rng.integers(0, 9, n)],
+        "brand_id": [f"b{x}" for x in rng.integers(0, 5, n)], "surface": rng.choice(["feed", "search"], n),
+        "device": rng.choice(["ios", "android", None], n), "action": rng.choice(["view", "cart", "fav", "buy"], n),
+        "position": rng.integers(1, 12, n), "label": rng.integers(0, 2, n),
+        "click_type": rng.choice(["view_details", "add_to_cart", None], n),
+        "dwell_ms": np.where(rng.random(n) < 0.5, rng.exponential(20_000, n), np.nan),
+    })
+
+
+def _request(m: Student, seed: int, n_hist: int, n_cand: int, recent_hours: float):
+    rng = np.random.default_rng(seed)
+    now = 30 * DAY
+    # history spans weeks, and part of it falls inside the delay window (invisible to the candidates)
+    hist = _events(rng, n_hist, now - 20 * DAY, now - int(recent_hours * HOUR) + 1)
+    cands = _events(rng, n_cand, now, now + 1, kind="impression").assign(ts_ms=now)
+    return request_tokens(sample_from_frame(hist, m.cfg.features), sample_from_frame(cands, m.cfg.features), m.cfg)
+
+
+def test_the_traced_module_is_the_specification():
+    m = _student("time")
+    tokens = _request(m, 0, 400, 30, 0.5)
+    a = {k: torch.from_numpy(v) for k, v in request_arrays(tokens).items()}
+    with torch.no_grad():
+        got = RequestScorer(m)(a["ev_feats"], a["ev_group"], a["hist_ts"], a["cand_feats"], a["cand_ts"]).numpy()
+    want = torch_probs(m, tokens)
+    assert want.std() > 0.01  # the outputs really vary
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n_hist=st.integers(0, 700), n_cand=st.integers(1, 80),
+       recent_hours=st.floats(0.0, 6.0))
+def test_onnx_matches_torch_on_random_requests(exported, seed, n_hist, n_cand, recent_hours):
+    m, scorer = exported
+    tokens = _request(m, seed, n_hist, n_cand, recent_hours)
+    got, want = scorer.score_tokens(tokens), torch_probs(m, tokens)
+    assert got.shape == (n_cand, m.cfg.backbone.n_buckets)
+    assert np.abs(got - want).max() <= PARITY_TOLERANCE
+
+
+def test_candidates_never_see_each_other(exported):
+    """One pass over N candidates gives each the score it gets alone (SORT C2C isolation). Holds with
+    time RoPE, where all candidates share the request time; index RoPE gives candidate i the index G + i,
+    so its angle to the history depends on its place in the list (one reason CADET uses time)."""
+    m, scorer = exported
+    if m.cfg.rope.mode != "time":
+        pytest.skip("index RoPE positions candidates by their order")
+    tokens = _request(m, 7, 300, 25, 2.0)
+    together = scorer.score_tokens(tokens)
+    for i in (0, 11, 24):
+        alone = dataclasses.replace(tokens, cand_feats=tokens.cand_feats[i:i + 1], cand_ts=tokens.cand_ts[i:i + 1])
+        np.testing.assert_allclose(scorer.score_tokens(alone)[0], together[i], atol=1e-6)
+
+
+def test_a_user_without_history_scores_cold(exported):
+    m, scorer = exported
+    tokens = _request(m, 5, 0, 12, 0.0)
+    assert tokens.n_groups == 0
+    np.testing.assert_allclose(scorer.score_tokens(tokens), torch_probs(m, tokens), atol=PARITY_TOLERANCE)
+
+
+def test_the_bundle_carries_the_config_that_tokenises_requests(tmp_path):
+    m = _student("time")
+    bundle = write_bundle(m, tmp_path / "serving")
+    found = find_bundle(tmp_path)
+    assert found.onnx == bundle.onnx and found.student_config() == m.cfg
+    with pytest.raises(FileNotFoundError, match="model.onnx"):
+        find_bundle(tmp_path / "serving" / "nowhere")
+
+
+def test_windowed_students_are_refused_clearly():
+    _, cfg, _ = preset("tiny")
+    m = Student(dataclasses.replace(cfg, mask=dataclasses.replace(cfg.mask, window=64)))
+    with pytest.raises(ValueError, match="window"):
+        RequestScorer(m)
