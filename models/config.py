@@ -100,6 +100,17 @@ class StudentConfig:
     lptm: bool = True
     lptm_every: int = 2            # TM20K: pair-sum every 2 layers (of a 6-layer model)
     kd_lambda: float = 50.0        # TM20K: CE + 50 x KD on the distill head
+    # Ablations (benchmarks/quality.py); the defaults are the design above.
+    # use_history=False: the no-history baseline (a DLRM-like model: candidate features only, no user
+    # sequence). Its tokens carry no history (data.tokenizer_for) and the model drops any it is given.
+    # Not max_len=0, which means "every event".
+    use_history: bool = True
+    # position_input=True: CADET's "common practice" baseline instead of its position heads: the scored
+    # impression's real position is an input of its candidate token in training (through the position
+    # embedding the history's impressions use) and serving_position fills it at serving and evaluation,
+    # when the slot is not yet known. Pair it with backbone.n_buckets=1 for CADET's single-head baseline.
+    position_input: bool = False
+    serving_position: int = 1      # ours: CADET names no default slot; 1 = the top slot
 
 
 @dataclass

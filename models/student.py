@@ -9,6 +9,10 @@ an odd newest token stays alone); candidates are never merged; bounds are rebuil
 
 Heads: `logits` = main tower, trained on labels only, this is what serves; `distill_logits` =
 distill tower, trained on CE + kd_lambda x KD against the teacher's probability.
+
+Ablations (off by default; benchmarks/quality.py): `use_history=False` drops every history token
+(the no-history baseline); `position_input=True` feeds the scored impression's position as an input
+instead of relying on the bucket heads alone (CADET's baseline; the default slot fills it at serving).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import StudentConfig
-from .data import Batch
+from .data import F_POS, Batch
 from .layers import (AuxHeads, Block, BucketHeads, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum, gather_bucket,
                      init_weights, rope_positions)
 from .masks import candidate_bounds, lengths_to_offsets, seq_index
@@ -69,12 +73,24 @@ class Student(nn.Module):
         G = int(t["hist_len"].sum())
         return torch.zeros(G, e.shape[1], dtype=e.dtype, device=e.device).index_add(0, t["ev_group"], e)
 
+    def candidate_feats(self, batch: Batch, serving: bool) -> torch.Tensor:
+        """Candidate token features. With cfg.position_input (CADET's position-as-input baseline) the
+        F_POS column carries the real position in training and cfg.serving_position when serving;
+        otherwise it is whatever the tokens hold (0: the scored impression's position is never an input)."""
+        f = batch.tensors["cand_feats"]
+        if self.cfg.position_input and serving:
+            f = f.clone()
+            f[:, F_POS] = min(int(self.cfg.serving_position), self.cfg.features.max_position)
+        return f
+
     def forward(self, batch: Batch, serving: bool = True) -> dict[str, torch.Tensor]:
         t = batch.tensors
         m = self.cfg.mask
         xh = self.embed_history(batch)
-        xc = self.embed(t["cand_feats"])
+        xc = self.embed(self.candidate_feats(batch, serving))
         hts, hlen, clen, cts = t["hist_ts"], t["hist_len"], t["cand_len"], t["cand_ts"]
+        if not self.cfg.use_history:  # no-history baseline: whatever history the batch holds is dropped
+            xh, hts, hlen = xh[:0], hts[:0], torch.zeros_like(hlen)
         cut = cts - self.delay_ms(serving)
         merges = self.merge_layers()
         self.last_lengths = []
