@@ -7,12 +7,16 @@ Flow of a daily run for day D (after events and sequences of D):
   challenger_evaluation(D) the candidate of D-1 and the champion scored on D (out of time, serving
                            conditions); the gates are its blocking checks
   promotion(D)             moves ``champion`` (old one -> ``previous``); runs only if every gate passed
+  onnx_model(D)            the champion's ONNX serving bundle in GENRANK_HOME/serving/champion/
+Every candidate is registered with its ONNX graph (deploy/onnx_export.py); the graph, not the torch
+checkpoint, is what the parity and latency gates measure and what `genrank serve` runs.
 ``teacher_model`` is not daily: the weekly schedule (or an on-demand run) retrains it over a
 trailing window of training samples.
 """
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import shutil
 import tempfile
@@ -25,6 +29,7 @@ import pandas as pd
 
 from deploy import registry as reg
 from deploy.gates import GateConfig, evaluate_gates
+from deploy.onnx_export import OnnxScorer, find_bundle, latency_p99_ms, parity, write_bundle
 from deploy.reports import calibration_figure, metrics_by_bucket
 from pipelines import settings
 from pipelines.partitions import daily_partitions
@@ -33,7 +38,7 @@ from transforms import sequences
 from transforms.atomic import staged_dir
 
 GROUP = "models"
-GATES = ("auc", "logloss", "calibration", "latency")
+GATES = ("auc", "logloss", "calibration", "onnx_parity", "latency")
 
 
 class ModelSizeConfig(dg.Config):
@@ -305,6 +310,8 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
                                ckpt_dir=str(ckpt_dir), resume=True)
         seconds = time.perf_counter() - started
         ckpt = Path(save_model(result.model, str(tmp / "student.pt"), metadata={"partition": day}))
+        bundle = write_bundle(result.model, tmp / "serving")
+        export_parity = parity(result.model, OnnxScorer(bundle.onnx, threads=1), _requests(result.model, samples, 20))
         run = r.client.create_run(exp, run_name=f"student-{day}", tags={"partition": day})
         for k, v in dataclasses.asdict(_student_config(config)).items():
             r.client.log_param(run.info.run_id, k, str(v)[:500])
@@ -316,10 +323,12 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         tags = {"partition": day, "data_window": f"{day}..{day}", "teacher_version": teacher_version,
                 "code_version": code, "data_fingerprint": fingerprint,
                 "warm_start_from": previous.version if previous is not None else "none",
-                "broken_on_purpose": str(config.shuffle_labels).lower(), "gate_decision": "pending"}
+                "broken_on_purpose": str(config.shuffle_labels).lower(), "gate_decision": "pending",
+                "onnx_export_max_abs_diff": f"{export_parity.max_abs_diff:.2e}"}
         version = r.log_version(reg.CTR, run.info.run_id, ckpt, example, out, tags=tags,
                                 description=_model_card("student candidate", day, {},
-                                                        f"Teacher v{teacher_version}. Awaits the out-of-time gates on the next day."))
+                                                        f"Teacher v{teacher_version}. Awaits the out-of-time gates on the next day."),
+                                extra_artifacts={"serving": bundle.onnx.parent})
         r.client.set_terminated(run.info.run_id)
     r.client.set_registered_model_alias(reg.CTR, "challenger", version)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -328,6 +337,7 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         "warm_start_from": tags["warm_start_from"],
         "final_loss": float(result.history[-1]["loss"]) if result.history and "loss" in result.history[-1] else float("nan"),
         "tokens_per_s": float(result.throughput.get("tokens_per_s", float("nan"))),
+        "onnx_export_max_abs_diff": export_parity.max_abs_diff,
     })
 
 
@@ -361,7 +371,8 @@ class EvaluationConfig(dg.Config):
     calibration_high: float = GateConfig.calibration_band[1]
     calibration_min_clicks: int = GateConfig.calibration_min_clicks
     latency_budget_ms: float = float(settings.env("GENRANK_LATENCY_BUDGET_MS", str(GateConfig.latency_budget_ms)))
-    latency_requests: int = 30
+    latency_requests: int = 30   # day D's first user-days, scored one request at a time on the ONNX graph
+    parity_tolerance: float = GateConfig.parity_tolerance
     force: bool = False  # promote even if gates fail; recorded on the version
 
 
@@ -374,30 +385,26 @@ def _metrics(pred: pd.DataFrame) -> dict:
     return out
 
 
-def _latency_p99_ms(model, samples: Path, n_requests: int, repeats: int = 3) -> float:
-    """p99 over requests of one request's scoring time: one masked pass over the user's history and all
-    of the request's candidates (features already tokenised, as the serving path holds them).
-    Each request is timed ``repeats`` times and its fastest run kept, so a busy machine's hiccups do
-    not decide a promotion."""
-    import torch
+def _requests(model, samples: Path, n_requests: int) -> list:
+    """The first ``n_requests`` user-days of ``samples`` as serving requests: the user's history and
+    all of the day's impressions as candidates, tokenised as the service tokenises them."""
+    from models.data import PackedLoader
 
-    from models.data import PackedLoader, collate
-
-    m = getattr(model, "module", model)
-    m.eval()
+    m = getattr(model, "module", model).eval()
     loader = PackedLoader(str(samples), m.kind, m.cfg, token_budget=4 * m.cfg.max_len + 4096, seed=None)
-    requests = [t for toks in loader.iter_epoch(0) for t in toks][:n_requests]
-    times = []
-    with torch.no_grad():
-        for request in requests:
-            batch = collate([request])
-            best = float("inf")
-            for _ in range(repeats):
-                t = time.perf_counter()
-                torch.sigmoid(m(batch, serving=True)["logits"])
-                best = min(best, time.perf_counter() - t)
-            times.append(best * 1000)
-    return float(np.percentile(times, 99)) if times else 0.0
+    return [t for toks in loader.iter_epoch(0) for t in toks if len(t.cand_ts)][:n_requests]
+
+
+def _onnx_checks(model, folder: Path, samples: Path, n_requests: int) -> tuple[float, float]:
+    """(max |p_onnx - p_torch|, p99 ms) of the version's ONNX graph on day D's requests; (nan, nan)
+    for a version logged without one, which the gates then refuse."""
+    try:
+        bundle = find_bundle(folder)
+    except FileNotFoundError:
+        return float("nan"), float("nan")
+    scorer = OnnxScorer(bundle.onnx, threads=1)
+    requests = _requests(model, samples, n_requests)
+    return parity(model, scorer, requests).max_abs_diff, latency_p99_ms(scorer, requests)
 
 
 @dg.asset(
@@ -424,7 +431,7 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
         model = load_model(str(r.checkpoint(reg.CTR, challenger.version, Path(tmp) / "c")))
         challenger_pred = predict(model, str(samples), with_labels=True)
         challenger_metrics = _metrics(challenger_pred)
-        latency = _latency_p99_ms(model, samples, config.latency_requests)
+        onnx_diff, latency = _onnx_checks(model, Path(tmp) / "c", samples, config.latency_requests)
         if champion is not None and champion.version != challenger.version:
             champ_model = load_model(str(r.checkpoint(reg.CTR, champion.version, Path(tmp) / "p")))
             reference, reference_name = _metrics(predict(champ_model, str(samples), with_labels=True)), f"champion v{champion.version}"
@@ -434,15 +441,15 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
             reference, reference_name = _metrics(sequences.bucket_ctr_baseline(paths.root, day)), "baseline"
     gate_cfg = GateConfig(config.auc_tolerance, config.logloss_tolerance,
                           (config.calibration_low, config.calibration_high), config.calibration_min_clicks,
-                          config.latency_budget_ms)
-    gates = evaluate_gates(challenger_metrics, reference, reference_name, latency, gate_cfg)
+                          config.latency_budget_ms, config.parity_tolerance)
+    gates = evaluate_gates(challenger_metrics, reference, reference_name, latency, onnx_diff, gate_cfg)
     approved = all(g.passed for g in gates)
     decision = "approved" if approved else ("forced" if config.force else "refused")
     reasons = "; ".join(g.reason for g in gates if not g.passed) or "all gates passed"
     r.tag(reg.CTR, challenger.version, {
         "gate_decision": decision, "gate_reasons": reasons, "evaluated_on": day, "compared_with": reference_name,
         **{f"oot_{k}": f"{v:.6f}" for k, v in _flat_metrics("", challenger_metrics).items()},
-        "latency_p99_ms": f"{latency:.2f}",
+        "latency_p99_ms": f"{latency:.2f}", "onnx_max_abs_diff": f"{onnx_diff:.2e}",
     })
     run = r.client.create_run(r.experiment_id(reg.CTR), run_name=f"evaluation-{day}",
                               tags={"partition": day, "challenger_version": challenger.version, "decision": decision})
@@ -469,7 +476,7 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
         "challenger_version": challenger.version, "compared_with": reference_name, "decision": decision,
         "reasons": reasons, "challenger_auc": challenger_metrics["auc"], "reference_auc": reference["auc"],
         "challenger_gauc": challenger_metrics["gauc"], "challenger_logloss": challenger_metrics["logloss"],
-        "reference_logloss": reference["logloss"], "latency_p99_ms": latency,
+        "reference_logloss": reference["logloss"], "latency_p99_ms": latency, "onnx_max_abs_diff": onnx_diff,
         "gates": dg.MetadataValue.path(str(gates_path)),
     })
 
@@ -509,4 +516,41 @@ def promotion(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: Ml
     return dg.MaterializeResult(metadata={
         "champion_version": challenger.version, "previous_version": demoted or "unchanged", "decision": decision,
         "reasons": challenger.tags.get("gate_reasons", ""),
+    })
+
+
+@dg.asset(group_name=GROUP, partitions_def=daily_partitions, deps=[promotion], pool="training",
+          description="The champion's ONNX graph and serving config, as promoted on day D, in "
+                      "GENRANK_HOME/serving/champion/ (the bundle a serving host deploys; `genrank serve` reads "
+                      "the same files from the registry), smoke-scored with onnxruntime on D's requests.")
+def onnx_model(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: MlflowResource) -> dg.MaterializeResult:
+    from models import load_model
+
+    day = context.partition_key
+    r = _registry(paths, mlflow)
+    champion = r.by_alias(reg.CTR, "champion")
+    if champion is None:
+        raise ValueError(f"no {reg.CTR} champion on {day}: promotion must have run first")
+    final = paths.root / "serving" / "champion"
+    with staged_dir(final) as staging:
+        model = load_model(str(r.checkpoint(reg.CTR, champion.version, staging / "download")))
+        bundle = find_bundle(staging / "download")
+        shutil.copy2(bundle.onnx, staging / bundle.onnx.name)
+        shutil.copy2(bundle.config, staging / bundle.config.name)
+        shutil.rmtree(staging / "download")
+        scorer = OnnxScorer(staging / bundle.onnx.name, threads=1)
+        requests = _requests(model, _samples(paths, day), 5)
+        check = parity(model, scorer, requests)
+        if not check.passed:
+            raise ValueError(f"{reg.CTR} v{champion.version}: the exported graph differs from the checkpoint by "
+                             f"{check.max_abs_diff:.2e} on {day}'s requests")
+        digest = hashlib.sha256((staging / bundle.onnx.name).read_bytes()).hexdigest()
+        (staging / "champion.json").write_text(json.dumps({
+            "model": reg.CTR, "version": champion.version, "promoted_on": day, "onnx_sha256": digest,
+            "providers": scorer.providers}, indent=1))
+    return dg.MaterializeResult(metadata={
+        "champion_version": champion.version, "path": dg.MetadataValue.path(str(final / bundle.onnx.name)),
+        "onnx_sha256": digest, "size_bytes": (final / bundle.onnx.name).stat().st_size,
+        "providers": ", ".join(scorer.providers), "parity_max_abs_diff": check.max_abs_diff,
+        "parity_candidates": check.candidates,
     })

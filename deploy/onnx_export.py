@@ -46,9 +46,13 @@ class RequestScorer(nn.Module):
 
     def __init__(self, student: Student):
         super().__init__()
-        if student.cfg.mask.window is not None:
+        cfg = student.cfg
+        if cfg.mask.window is not None:
             raise ValueError("ONNX export supports full-history attention only (mask.window=None); "
                              "a sliding-window student needs the windowed bounds in the graph first")
+        if not cfg.use_history or cfg.position_input:
+            raise ValueError("ablation students (use_history=False, position_input=True) are benchmarks, "
+                             "not served: export the default student")
         self.student = student.eval()
 
     def _bounds(self, hist_ts: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,7 +144,7 @@ def export_onnx(student: Student, path: str | os.PathLike) -> Path:
     """Export the student's serving path to ``path`` (one self-contained file); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    scorer = RequestScorer(student)
+    scorer = RequestScorer(student).eval()
     E, G, N = (torch.export.Dim(n, min=0) for n in ("events", "groups", "candidates"))
     shapes = {"ev_feats": {0: E}, "ev_group": {0: E}, "hist_ts": {0: G}, "cand_feats": {0: N}, "cand_ts": {0: N}}
     tmp = path.with_name(f".{path.name}.tmp")

@@ -77,8 +77,15 @@ class Registry:
         from mlflow import MlflowClient
 
         os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+        # mlflow.set_tracking_uri also writes MLFLOW_TRACKING_URI into the environment, which would make
+        # every later default_registry() of this process open *this* store: keep the user's setting.
+        user_setting = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)
+        if user_setting is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = user_setting
         self.client = MlflowClient(self.tracking_uri, self.tracking_uri)
 
     def experiment_id(self, name: str) -> str:

@@ -62,7 +62,7 @@ def _id(value):
 
 
 Id = Annotated[str, BeforeValidator(_id), Field(min_length=1, max_length=256)]
-OptId = Annotated[str | None, BeforeValidator(_id), Field(default=None, max_length=256)]
+OptId = Annotated[str, BeforeValidator(_id), Field(max_length=256)] | None
 
 
 class Candidate(BaseModel):
@@ -76,10 +76,13 @@ class Candidate(BaseModel):
     device: OptId = None
 
 
+MAX_TS_MS = 4_102_444_800_000  # 2100-01-01: a bound that keeps every time arithmetic inside int64
+
+
 class HistoryEvent(BaseModel):
     """An event as the sequence store holds it: an ad impression (with its outcome) or an organic action."""
     model_config = ConfigDict(extra="forbid")
-    ts_ms: int = Field(ge=0)
+    ts_ms: int = Field(ge=0, le=MAX_TS_MS)
     event_kind: Literal["impression", "behavior"]
     item_id: Id
     campaign_id: OptId = None
@@ -89,10 +92,10 @@ class HistoryEvent(BaseModel):
     surface: OptId = None
     device: OptId = None
     action: Literal["view", "cart", "fav", "buy"] | None = None
-    position: int | None = Field(default=None, ge=1)
+    position: int | None = Field(default=None, ge=1, le=10_000)
     label: Literal[0, 1] | None = None
     click_type: Literal["view_details", "add_to_cart", "follow"] | None = None
-    dwell_ms: float | None = Field(default=None, ge=0)
+    dwell_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class ScoreRequest(BaseModel):
@@ -100,7 +103,7 @@ class ScoreRequest(BaseModel):
     user_id: OptId = None
     history: list[HistoryEvent] | None = None
     candidates: list[Candidate] = Field(min_length=1)
-    request_ts_ms: int | None = Field(default=None, ge=0)
+    request_ts_ms: int | None = Field(default=None, ge=0, le=MAX_TS_MS)
 
 
 class CandidateScore(BaseModel):
@@ -145,7 +148,7 @@ class ModelWatcher:
     def refresh(self) -> bool:
         """Load the alias's version if it differs from the served one; True if swapped."""
         mv = self.registry.by_alias(self.cfg.model_name, self.cfg.alias)
-        if mv is None or (self.current is not None and self.current.version == mv.version):
+        if mv is None or (self.current is not None and self.current.version == str(mv.version)):
             return False
         folder = self.cfg.home / "serving" / "models" / f"{self.cfg.model_name}-v{mv.version}"
         if not any(folder.rglob(ONNX_FILE)):  # download beside, then rename: never a half-written cache
@@ -154,7 +157,7 @@ class ModelWatcher:
             shutil.rmtree(folder, ignore_errors=True)
             tmp.replace(folder)
         bundle = find_bundle(folder)
-        loaded = LoadedModel(mv.version, mv.run_id, bundle, bundle.student_config(),
+        loaded = LoadedModel(str(mv.version), mv.run_id, bundle, bundle.student_config(),
                              OnnxScorer(bundle.onnx, self.cfg.threads), time.time())
         old, self.current = self.current, loaded
         log.info("serving %s v%s (was %s)", self.cfg.model_name, mv.version, old.version if old else "none")

@@ -56,6 +56,23 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from deploy.service import ServiceConfig, create_app
+
+    home = Path(args.home).resolve()
+    cfg = ServiceConfig(
+        home=home, tracking_uri=settings.tracking_uri(home),
+        poll_s=float(settings.env("GENRANK_SERVE_POLL_S", "15")),
+        threads=int(settings.env("GENRANK_SERVE_THREADS", "0")),
+        max_candidates=int(settings.env("GENRANK_SERVE_MAX_CANDIDATES", "1000")),
+        max_history=int(settings.env("GENRANK_SERVE_MAX_HISTORY", "20000")),
+        max_body_bytes=int(settings.env("GENRANK_SERVE_MAX_BODY_BYTES", str(8 << 20))))
+    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     home = str(settings.genrank_home())
     parser = argparse.ArgumentParser(prog="genrank", description=__doc__)
@@ -92,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="demo")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("serve", help="score requests with the genrank-ctr champion (ONNX, onnxruntime) over HTTP")
+    p.add_argument("--home", default=home)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("rollback", help="move the genrank-ctr champion alias back to the previous version")
     p.add_argument("--home", default=home)

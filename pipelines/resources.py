@@ -83,6 +83,6 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             driver_memory=settings.env("GENRANK_SPARK_DRIVER_MEMORY", "2g"),
         ),
         "mlflow": MlflowResource(
-            tracking_uri=settings.env("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'mlflow.db'}"),
+            tracking_uri=settings.tracking_uri(home),
         ),
     }

@@ -52,11 +52,14 @@ class DayResult:
 @dataclass
 class RunSummary:
     days: list[DayResult]
+    teacher_failures: list[str] = field(default_factory=list)  # days after which a due retrain failed
 
     @property
     def ok(self) -> bool:
-        """Every day ran; a challenger refused by a gate is a decision, not a failure of the run."""
-        return bool(self.days) and all(d.success or _only_gates_failed(d) for d in self.days)
+        """Every day and every due teacher retrain ran; a challenger refused by a gate is a decision,
+        not a failure of the run."""
+        return (bool(self.days) and all(d.success or _only_gates_failed(d) for d in self.days)
+                and not self.teacher_failures)
 
 
 def _only_gates_failed(d: "DayResult") -> bool:
@@ -100,6 +103,7 @@ def run_days(start: str | None, end: str | None, home: Path | None = None) -> Ru
     teacher = defs.resolve_job_def("teacher_job")
     oracle = _oracle_auc_by_day(home)
     results = []
+    teacher_failures = []
     last_teacher_day: str | None = None
     for day in days:
         result = daily.execute_in_process(partition_key=day, instance=instance, raise_on_error=False, run_config=quiet,
@@ -115,8 +119,10 @@ def run_days(start: str | None, end: str | None, home: Path | None = None) -> Ru
             print(f"{day}  teacher retrained after the day: version {meta.get('version')}, "
                   f"trained on {meta.get('window')} ({meta.get('steps')} steps)"
                   + ("" if t.success else f"  FAILED: {_summarise(day, t).error}"), flush=True)
+            if not t.success:
+                teacher_failures.append(day)
             last_teacher_day = day
-    summary = RunSummary(results)
+    summary = RunSummary(results, teacher_failures)
     refused = sum(_only_gates_failed(r) for r in results)
     print(f"\n{sum(r.success for r in results) + refused}/{len(results)} days ran"
           + (f" ({refused} challenger(s) refused by the gates: a decision, not a failure)." if refused else "."))

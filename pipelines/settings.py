@@ -32,4 +32,14 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_TORCH_THREADS": ("1", "torch intra-op threads for training and evaluation (more thrash on shared cores)"),
     "GENRANK_LATENCY_BUDGET_MS": ("50", "promotion gate: p99 scoring time of one request (CADET: p99 < 50 ms)"),
     "MLFLOW_TRACKING_URI": ("sqlite:///$GENRANK_HOME/mlflow.db", "MLflow tracking and registry store"),
+    "GENRANK_SERVE_POLL_S": ("15", "`genrank serve`: seconds between checks of the champion alias and the sequence store"),
+    "GENRANK_SERVE_THREADS": ("0", "`genrank serve`: onnxruntime intra-op threads (0 = its default, the physical cores)"),
+    "GENRANK_SERVE_MAX_CANDIDATES": ("1000", "`genrank serve`: candidates per request"),
+    "GENRANK_SERVE_MAX_HISTORY": ("20000", "`genrank serve`: inline history events per request"),
+    "GENRANK_SERVE_MAX_BODY_BYTES": ("8388608", "`genrank serve`: request body size (413 above)"),
 }
+
+
+def tracking_uri(home: Path) -> str:
+    """MLFLOW_TRACKING_URI, else the SQLite store under the data root."""
+    return env("MLFLOW_TRACKING_URI", f"sqlite:///{Path(home) / 'mlflow.db'}")

@@ -1,8 +1,10 @@
-"""Shared fixtures: one simulated tiny world per test session (read-only for the tests that use it)."""
+"""Shared fixtures: one simulated tiny world and one tiny pipeline run per test session."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,3 +26,22 @@ def tiny_world(tmp_path_factory):
     report = simulate(preset="tiny", seed=0, out=root)
     print("\n" + report.summary())
     return root, report
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory):
+    """`genrank run` over every day of a fresh tiny world (a subprocess, as a user runs it):
+    (home, SimulationReport, stdout). Tests that change the registry either restore it or work on a copy."""
+    from transforms.simulator import simulate
+
+    home = tmp_path_factory.mktemp("e2e")
+    report = simulate(preset="tiny", seed=0, out=home)
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI")}
+    env["GENRANK_HOME"] = str(home)
+    # Wall-clock time must not decide a test: the latency gate is unit-tested in tests/test_gates.py.
+    env["GENRANK_LATENCY_BUDGET_MS"] = "1e9"
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--home", str(home)], env=env,
+                         capture_output=True, text=True, timeout=1800)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return home, report, out.stdout

@@ -15,7 +15,6 @@ import pytest
 from assets import training
 from deploy import registry as reg
 from pipelines.resources import GenrankPaths, MlflowResource
-from transforms.simulator import simulate
 
 pytestmark = pytest.mark.slow
 
@@ -24,18 +23,8 @@ DAILY_ASSETS = ("events", "position_ctr", "position_buckets", "user_sequences", 
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(tmp_path_factory):
-    home = tmp_path_factory.mktemp("e2e")
-    report = simulate(preset="tiny", seed=0, out=home)
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI")}
-    env["GENRANK_HOME"] = str(home)
-    # Wall-clock time must not decide a test: the latency gate is unit-tested in tests/test_gates.py.
-    env["GENRANK_LATENCY_BUDGET_MS"] = "1e9"
-    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--home", str(home)], env=env,
-                         capture_output=True, text=True, timeout=1800)
-    print(out.stdout)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return home, report, out.stdout
+def pipeline_run(tiny_pipeline):
+    return tiny_pipeline
 
 
 def _resources(home):
@@ -56,6 +45,7 @@ def test_every_day_materialises_with_all_checks_passing(pipeline_run):
     assert instance.get_materialized_partitions(dg.AssetKey("teacher_logits")) == set(report.days[2:])
     assert instance.get_materialized_partitions(dg.AssetKey("student_candidate")) == set(report.days[2:])
     assert instance.get_materialized_partitions(dg.AssetKey("promotion")) == {report.days[3]}
+    assert instance.get_materialized_partitions(dg.AssetKey("onnx_model")) == {report.days[3]}
     assert instance.get_latest_materialization_event(dg.AssetKey("teacher_model")) is not None
 
 
@@ -66,8 +56,12 @@ def test_a_champion_exists_with_its_evidence(pipeline_run):
     assert champion is not None and champion.tags["partition"] == report.days[2]
     assert champion.tags["gate_decision"] == "approved"
     assert champion.tags["compared_with"] == "baseline"
-    for tag in ("teacher_version", "code_version", "data_window", "oot_auc", "oot_logloss", "latency_p99_ms"):
+    for tag in ("teacher_version", "code_version", "data_window", "oot_auc", "oot_logloss", "latency_p99_ms",
+                "onnx_max_abs_diff"):
         assert tag in champion.tags
+    assert float(champion.tags["onnx_max_abs_diff"]) <= 1e-4
+    bundle = json.loads((home / "serving" / "champion" / "champion.json").read_text())
+    assert bundle["version"] == champion.version and (home / "serving" / "champion" / "model.onnx").is_file()
     assert "Champion: genrank-ctr v" in stdout
     assert r.by_alias(reg.TEACHER, "current") is not None
     evaluation = r.client.search_runs([r.experiment_id(reg.CTR)], f"tags.partition = '{report.days[3]}' and "

@@ -1,0 +1,236 @@
+"""Serving benchmark: the exported ONNX student under onnxruntime, and the HTTP service under load.
+
+1. Latency grid: p50 / p99 of one request's ONNX scoring (tokens ready) and the rate one thread
+   sustains, for history lengths x candidate counts, plus the request's tokenisation time (numpy:
+   hashing, LITM, PATM) and torch eager (Student.forward) on the same request as the baseline ratio.
+2. One pass vs one pass per candidate (history recomputed for each), as a ratio, same session.
+3. Load test: `genrank serve`'s app under uvicorn on loopback, a model registered in a scratch MLflow
+   registry and a sequence store of synthetic users; C concurrent clients for a bounded number of
+   requests; requests/s, end-to-end p50/p99 and the error count.
+
+The model is the demo student's shape (d_model 64, 4 layers, 4 heads: models.preset("demo")) with
+max_len raised to the longest history measured, so every history event is inside the window; its
+weights are random (latency does not depend on them). Everything runs on this machine's cores:
+ORT uses --threads intra-op threads; the load test's clients share the same cores as the server.
+
+    python benchmarks/serving.py                     # full grid + load test (a few minutes on 2 cores)
+    python benchmarks/serving.py --quick             # small grid, short load test
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from deploy.onnx_export import OnnxScorer, request_arrays, torch_probs, write_bundle  # noqa: E402
+from models import preset  # noqa: E402
+from models.data import request_tokens, sample_from_frame  # noqa: E402
+from models.student import Student  # noqa: E402
+
+HOUR = 3_600_000
+NOW = 400 * 24 * HOUR
+
+
+def history_frame(rng, user: str, n: int) -> pd.DataFrame:
+    """A month of one user's events: ad impressions and organic actions with repeated items."""
+    items = rng.zipf(1.3, n) % 5000
+    kind = rng.choice(["impression", "behavior"], n, p=[0.6, 0.4])
+    return pd.DataFrame({
+        "user_id": user, "seq_index": np.arange(1, n + 1), "ts_ms": np.sort(rng.integers(NOW - 30 * 24 * HOUR, NOW - 2 * HOUR, n)),
+        "event_kind": kind, "request_id": None, "impression_id": None, "item_id": [f"i{x}" for x in items],
+        "campaign_id": [f"c{x % 700}" for x in items], "advertiser_id": [f"a{x % 90}" for x in items],
+        "category_id": [f"k{x % 40}" for x in items], "brand_id": [f"b{x % 300}" for x in items],
+        "position": np.where(kind == "impression", rng.integers(1, 10, n), None),
+        "surface": "feed", "device": "ios", "action": np.where(kind == "behavior", rng.choice(["view", "cart", "buy"], n), None),
+        "label": np.where(kind == "impression", (rng.random(n) < 0.05).astype(int), None),
+        "click_type": None, "dwell_ms": None,
+    })
+
+
+def candidates(rng, n: int) -> list[dict]:
+    ads = rng.integers(0, 20000, n)
+    return [{"ad_id": f"ad{a}", "campaign_id": f"c{a % 700}", "advertiser_id": f"a{a % 90}", "category_id": f"k{a % 40}",
+             "brand_id": f"b{a % 300}", "surface": "feed", "device": "ios"} for a in ads]
+
+
+def candidate_frame(cands: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(cands).rename(columns={"ad_id": "item_id"}).assign(ts_ms=NOW, event_kind="impression")
+
+
+def timed(fn, repeats: int) -> np.ndarray:
+    fn()  # warm-up
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1000)
+    return np.array(out)
+
+
+def latency_grid(model: Student, scorer: OnnxScorer, hist_lens, cand_counts, repeats: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    fc = model.cfg.features
+    rows = []
+    for H in hist_lens:
+        hist = sample_from_frame(history_frame(rng, "u", H), fc)
+        for N in cand_counts:
+            cands = sample_from_frame(candidate_frame(candidates(rng, N)), fc)
+            tok_ms = timed(lambda: request_tokens(hist, cands, model.cfg), max(3, repeats // 5))
+            tokens = request_tokens(hist, cands, model.cfg)
+            arrays = request_arrays(tokens)
+            onnx_ms = timed(lambda: scorer.score(arrays), repeats)
+            torch_ms = timed(lambda: torch_probs(model, tokens), max(3, repeats // 5))
+            rows.append({"history": H, "candidates": N, "tokens": tokens.n_tokens, "history_tokens": tokens.n_groups,
+                         "onnx_p50_ms": float(np.percentile(onnx_ms, 50)), "onnx_p99_ms": float(np.percentile(onnx_ms, 99)),
+                         "req_per_s_1_stream": float(1000 / onnx_ms.mean()),
+                         "tokenise_p50_ms": float(np.percentile(tok_ms, 50)),
+                         "torch_p50_ms": float(np.percentile(torch_ms, 50)),
+                         "torch_over_onnx": float(np.percentile(torch_ms, 50) / np.percentile(onnx_ms, 50))})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def one_pass_vs_per_candidate(model: Student, scorer: OnnxScorer, H: int, N: int, repeats: int) -> dict:
+    rng = np.random.default_rng(1)
+    fc = model.cfg.features
+    tokens = request_tokens(sample_from_frame(history_frame(rng, "u", H), fc),
+                            sample_from_frame(candidate_frame(candidates(rng, N)), fc), model.cfg)
+    arrays = request_arrays(tokens)
+    singles = [request_arrays(dataclasses.replace(tokens, cand_feats=tokens.cand_feats[i:i + 1],
+                                                  cand_ts=tokens.cand_ts[i:i + 1])) for i in range(N)]
+    together = scorer.score(arrays)
+    apart = np.concatenate([scorer.score(a) for a in singles])
+    one = timed(lambda: scorer.score(arrays), repeats)
+    each = timed(lambda: [scorer.score(a) for a in singles], max(2, repeats // 10))
+    return {"history": H, "candidates": N, "one_pass_ms": float(np.median(one)), "per_candidate_ms": float(np.median(each)),
+            "speedup": float(np.median(each) / np.median(one)), "max_abs_diff": float(np.abs(together - apart).max())}
+
+
+def _register(home: Path, bundle_dir: Path) -> str:
+    """The exported bundle as genrank-ctr v1 @champion in a scratch registry (the service's real path)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri, uri)
+    exp = client.create_experiment("serving-benchmark", artifact_location=(home / "mlartifacts").as_uri())
+    run = client.create_run(exp)
+    client.log_artifacts(run.info.run_id, str(bundle_dir), "model")
+    client.create_registered_model("genrank-ctr")
+    mv = client.create_model_version("genrank-ctr", f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+    client.set_registered_model_alias("genrank-ctr", "champion", mv.version)
+    return uri
+
+
+def load_test(model: Student, threads: int, users: int, history: int, n_cands: int, concurrency: int,
+              n_requests: int) -> dict:
+    import httpx
+    import uvicorn
+
+    from deploy.service import ServiceConfig, create_app
+
+    rng = np.random.default_rng(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        part = home / "lake" / "user_sequences" / "date=2026-01-01"
+        part.mkdir(parents=True)
+        pd.concat([history_frame(rng, f"user{u}", history) for u in range(users)]).to_parquet(part / "part-0.parquet")
+        uri = _register(home, write_bundle(model, home / "bundle").onnx.parent)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cfg = ServiceConfig(home=home, tracking_uri=uri, threads=threads, poll_s=0)
+        server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=port, log_level="warning"))
+        t = threading.Thread(target=server.run, daemon=True)
+        t.start()
+        while not server.started:
+            time.sleep(0.05)
+        bodies = [{"user_id": f"user{rng.integers(users)}", "candidates": candidates(rng, n_cands), "request_ts_ms": NOW}
+                  for _ in range(n_requests)]
+        lat, errors = [], []
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            client.post("/v1/score", json=bodies[0])  # warm-up
+
+            def one(body):
+                t0 = time.perf_counter()
+                try:
+                    r = client.post("/v1/score", json=body)
+                    if r.status_code != 200:
+                        errors.append(f"{r.status_code}: {r.text[:200]}")
+                except httpx.HTTPError as exc:
+                    errors.append(repr(exc))
+                lat.append((time.perf_counter() - t0) * 1000)
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(concurrency) as pool:
+                list(pool.map(one, bodies))
+            wall = time.perf_counter() - started
+        server.should_exit = True
+        t.join(10)
+    return {"requests": n_requests, "concurrency": concurrency, "history": history, "candidates": n_cands,
+            "req_per_s": n_requests / wall, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "errors": len(errors), "first_error": errors[0] if errors else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads (and torch threads)")
+    ap.add_argument("--history", default="256,1024,4096")
+    ap.add_argument("--candidates", default="50,200,500")
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--load-requests", type=int, default=300)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="history 256,1024 x candidates 50,200; short load test")
+    a = ap.parse_args()
+    if a.quick:
+        a.history, a.candidates, a.repeats, a.load_requests = "256,1024", "50,200", 15, 60
+    hist_lens = [int(x) for x in a.history.split(",")]
+    cand_counts = [int(x) for x in a.candidates.split(",")]
+    torch.set_num_threads(a.threads)
+    _, cfg, _ = preset("demo")
+    cfg = dataclasses.replace(cfg, max_len=max(hist_lens))
+    torch.manual_seed(0)
+    model = Student(cfg).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        scorer = OnnxScorer(write_bundle(model, Path(tmp)).onnx, threads=a.threads)
+        print(f"# exported in {time.perf_counter() - t0:.1f} s; providers {scorer.providers}; "
+              f"{a.threads} thread(s); d_model {cfg.backbone.d_model}, {cfg.backbone.n_layers} layers, max_len {cfg.max_len}")
+        print("## latency grid (one request, tokens ready)")
+        grid = latency_grid(model, scorer, hist_lens, cand_counts, a.repeats)
+        print("## one pass vs one pass per candidate")
+        ratio = one_pass_vs_per_candidate(model, scorer, 1024, 200, a.repeats)
+        print(json.dumps(ratio), flush=True)
+    print("## load test (uvicorn on loopback, histories from the sequence store)")
+    load = load_test(model, a.threads, users=200, history=1024, n_cands=200, concurrency=a.concurrency,
+                     n_requests=a.load_requests)
+    print(json.dumps(load), flush=True)
+    print("\n| history | candidates | tokens | ONNX p50 ms | ONNX p99 ms | req/s (1 stream) | tokenise p50 ms | torch p50 / ONNX p50 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in grid:
+        print(f"| {r['history']} | {r['candidates']} | {r['tokens']} | {r['onnx_p50_ms']:.2f} | {r['onnx_p99_ms']:.2f} | "
+              f"{r['req_per_s_1_stream']:.0f} | {r['tokenise_p50_ms']:.2f} | x{r['torch_over_onnx']:.2f} |")
+    print(f"\none pass vs per candidate (H={ratio['history']}, N={ratio['candidates']}): "
+          f"{ratio['one_pass_ms']:.2f} ms vs {ratio['per_candidate_ms']:.1f} ms = x{ratio['speedup']:.1f} "
+          f"(same scores: max |diff| {ratio['max_abs_diff']:.1e})")
+    print(f"load test: {load['requests']} requests, {load['concurrency']} clients: {load['req_per_s']:.1f} req/s, "
+          f"p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms end to end, {load['errors']} errors")
+
+
+if __name__ == "__main__":
+    main()
