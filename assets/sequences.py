@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import dagster as dg
 from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_assets
 
-from pipelines.partitions import daily_partitions
+from pipelines.partitions import daily_partitions, run_partition_days
 from pipelines.resources import GenrankPaths
 from quality.framework import to_check_result
 from quality.training_samples import TRAINING_SAMPLES_CHECKS, validate_training_samples
@@ -110,21 +110,11 @@ def _bucket_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _run_days(context) -> list[str]:
-    """The partition keys of the run a check executes in (one day, or a single-run range)."""
-    tags = context.run.tags
-    if "dagster/partition" in tags:
-        return [tags["dagster/partition"]]
-    start = dt.date.fromisoformat(tags["dagster/asset_partition_range_start"])
-    end = dt.date.fromisoformat(tags["dagster/asset_partition_range_end"])
-    return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
-
-
 @dg.multi_asset_check(specs=TRAINING_SAMPLES_CHECKS.specs("training_samples"), can_subset=False)
 def training_samples_checks(context: dg.AssetCheckExecutionContext, paths: GenrankPaths):
     """GX checks on each exported day of the run: labelled targets, bucket range, no future leakage."""
     outcomes: dict[str, list] = {}
-    for day in _run_days(context):
+    for day in run_partition_days(context.run.tags):
         for name, outcome in validate_training_samples(
                 paths.lake_partition("training_samples", day), day, SequenceBuildConfig().n_position_buckets).items():
             outcomes.setdefault(name, []).append((day, outcome))

@@ -32,7 +32,7 @@ from deploy.gates import GateConfig, evaluate_gates
 from deploy.onnx_export import OnnxScorer, find_bundle, latency_p99_ms, parity, write_bundle
 from deploy.reports import calibration_figure, metrics_by_bucket
 from pipelines import settings
-from pipelines.partitions import daily_partitions
+from pipelines.partitions import daily_partitions, run_partition_days
 from pipelines.resources import GenrankPaths, MlflowResource
 from transforms import sequences
 from transforms.atomic import staged_dir
@@ -97,11 +97,6 @@ def _samples(paths: GenrankPaths, day: str) -> Path:
     return path
 
 
-def _samples_days(paths: GenrankPaths) -> list[str]:
-    root = paths.lake / "training_samples"
-    return sorted(p.name.removeprefix("date=") for p in root.glob("date=*")) if root.is_dir() else []
-
-
 def _input_example(samples: Path) -> pd.DataFrame:
     df = pd.read_parquet(samples)
     first_user = df["user_id"].iloc[0]
@@ -138,7 +133,7 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConf
                   mlflow: MlflowResource) -> dg.MaterializeResult:
     from models import save_model, train_teacher
 
-    days = _samples_days(paths)[-config.window_days:]
+    days = paths.lake_days("training_samples")[-config.window_days:]
     if not days:
         raise ValueError(f"no training_samples partition under {paths.lake / 'training_samples'}: nothing to train a teacher on")
     folders = [_samples(paths, d) for d in days]
@@ -222,11 +217,6 @@ def teacher_logits(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflo
                                     "path": dg.MetadataValue.path(str(out))})
 
 
-def _run_partition(context) -> str:
-    """The partition of the run a check executes in (checks run right after their asset, same run)."""
-    return context.run.tags["dagster/partition"]
-
-
 @dg.multi_asset_check(
     specs=[dg.AssetCheckSpec(n, asset="teacher_logits", blocking=True) for n in
            ("coverage", "finite", "one_teacher_version", "auc_matches_recorded")],
@@ -237,7 +227,7 @@ def teacher_logits_checks(context: dg.AssetCheckExecutionContext, paths: Genrank
     recorded on the teacher's MLflow run for D: the cache is exactly what the teacher computed."""
     from models.metrics import auc
 
-    day = _run_partition(context)
+    [day] = run_partition_days(context.run.tags)
     cached = pd.read_parquet(_logits_path(paths, day))
     targets = pd.read_parquet(_samples(paths, day), columns=["impression_id", "is_target"])
     expected = set(targets.loc[targets["is_target"], "impression_id"])
@@ -487,7 +477,7 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
 )
 def promotion_gates(context: dg.AssetCheckExecutionContext, paths: GenrankPaths):
     """The gates of the day's evaluation; blocking, so a refused challenger never reaches promotion."""
-    day = _run_partition(context)
+    [day] = run_partition_days(context.run.tags)
     recorded = json.loads((paths.lake_partition("evaluations", day) / "gates.json").read_text())
     for g in recorded["gates"]:
         yield dg.AssetCheckResult(

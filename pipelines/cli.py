@@ -35,7 +35,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pipelines.runner import run_days
 
     os.environ["GENRANK_HOME"] = str(Path(args.home).resolve())
-    return 0 if run_days(args.start, args.end).ok else 1
+    return 0 if run_days(args.start, args.end, teacher_every_days=args.teacher_every_days).ok else 1
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -45,7 +45,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     home = Path(args.home).resolve()
     os.environ["GENRANK_HOME"] = str(home)
     print(simulate(preset=args.preset, seed=args.seed, out=home).summary(), flush=True)
-    return 0 if run_days(None, None).ok else 1
+    return 0 if run_days(None, None, teacher_every_days=args.teacher_every_days).ok else 1
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
@@ -102,12 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default=home)
     p.add_argument("--start", default=None, help="first day (YYYY-MM-DD); default the first landing day")
     p.add_argument("--end", default=None, help="last day; default the last landing day")
+    p.add_argument("--teacher-every-days", type=int, default=7,
+                   help="retrain the teacher every N days after the first (default 7, like the weekly schedule)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("demo", help="simulate a world and run the daily pipeline over all its days")
     p.add_argument("--home", default=home)
     p.add_argument("--preset", default="demo")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--teacher-every-days", type=int, default=3,
+                   help="teacher retrain cadence (default 3: the 8-day demo compresses the weekly cadence so it "
+                        "shows a retrain over a longer window)")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("serve", help="score requests with the genrank-ctr champion (ONNX, onnxruntime) over HTTP")

@@ -34,6 +34,11 @@ class GenrankPaths(dg.ConfigurableResource):
     def lake_partition(self, dataset: str, day: str) -> Path:
         return self.lake / dataset / f"date={day}"
 
+    def lake_days(self, dataset: str) -> list[str]:
+        """The days that have a partition of ``dataset`` in the lake, oldest first."""
+        root = self.lake / dataset
+        return sorted(p.name.removeprefix("date=") for p in root.glob("date=*")) if root.is_dir() else []
+
 
 class SparkResource(dg.ConfigurableResource):
     """One SparkSession per run: created on first use, stopped when the run's step ends.

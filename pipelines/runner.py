@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines import settings
+from pipelines.resources import GenrankPaths
 from transforms import landing
 
 INSTANCE_YAML = """\
@@ -89,7 +90,10 @@ TEACHER_MIN_DAYS = 2      # the first teacher waits for two days of samples (one
 TEACHER_EVERY_DAYS = 7    # then it is retrained weekly, like the weekly schedule
 
 
-def run_days(start: str | None, end: str | None, home: Path | None = None) -> RunSummary:
+def run_days(start: str | None, end: str | None, home: Path | None = None,
+             teacher_every_days: int = TEACHER_EVERY_DAYS) -> RunSummary:
+    """Every complete landing day in [start, end] through the daily job, in order; the teacher job after
+    the TEACHER_MIN_DAYS-th day and then every ``teacher_every_days`` days."""
     home = home or settings.genrank_home()
     days = [d for d in landing.complete_days(home) if (start is None or d >= start) and (end is None or d <= end)]
     if not days:
@@ -112,7 +116,7 @@ def run_days(start: str | None, end: str | None, home: Path | None = None) -> Ru
         if day in oracle:
             results[-1].figures["oracle_auc"] = oracle[day]
         print(_format_day(results[-1]), flush=True)
-        if _teacher_due(home, day, last_teacher_day):
+        if _teacher_due(home, day, last_teacher_day, teacher_every_days):
             t = teacher.execute_in_process(instance=instance, raise_on_error=False, run_config=quiet,
                                            tags={"genrank/launched_by": "cli"})
             meta = _materialization_metadata(t, "teacher_model")
@@ -133,14 +137,13 @@ def run_days(start: str | None, end: str | None, home: Path | None = None) -> Ru
     return summary
 
 
-def _teacher_due(home: Path, day: str, last_teacher_day: str | None) -> bool:
-    samples = sorted(p.name.removeprefix("date=") for p in (home / "lake" / "training_samples").glob("date=*"))
-    if len(samples) < TEACHER_MIN_DAYS:
+def _teacher_due(home: Path, day: str, last_teacher_day: str | None, every_days: int) -> bool:
+    if len(GenrankPaths(home=str(home)).lake_days("training_samples")) < TEACHER_MIN_DAYS:
         return False
     if last_teacher_day is None:
         return _current_teacher(home) is None
     gap = (dt.date.fromisoformat(day) - dt.date.fromisoformat(last_teacher_day)).days
-    return gap >= TEACHER_EVERY_DAYS
+    return gap >= every_days
 
 
 def _current_teacher(home: Path):

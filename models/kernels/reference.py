@@ -163,9 +163,10 @@ def prefix_interval_attention(q, k, v, lo, hi, scale: float | None = None, n_key
     j = torch.arange(n, device=q.device)
     qi = torch.arange(T, device=q.device)
     allowed = (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None]) & (j[None, :] != qi[:, None])
-    S = torch.einsum("qhd,khd->hqk", q, kp) * scale
+    qh, kh, vh = q.transpose(0, 1), kp.transpose(0, 1), vp.transpose(0, 1)  # (H, ., D): batched MatMuls
+    S = torch.matmul(qh, kh.transpose(1, 2)) * scale
     S = S.masked_fill(~allowed[None], float("-inf"))
     s_self = (q * k).sum(-1).transpose(0, 1)[..., None] * scale  # (H, T, 1)
     P = torch.softmax(torch.cat([S, s_self], -1), dim=-1)
-    o = torch.einsum("hqk,khd->qhd", P[..., :n], vp) + P[..., n].transpose(0, 1)[..., None] * v
+    o = torch.matmul(P[..., :n], vh).transpose(0, 1) + P[..., n].transpose(0, 1)[..., None] * v
     return o
