@@ -200,6 +200,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--load-requests", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--load-threads", type=int, default=1,
+                    help="onnxruntime threads per request in the load test (concurrent requests already fill the cores)")
     ap.add_argument("--quick", action="store_true", help="history 256,1024 x candidates 50,200; short load test")
     a = ap.parse_args()
     if a.quick:
@@ -222,7 +224,7 @@ def main() -> None:
         ratio = one_pass_vs_per_candidate(model, scorer, 1024, 200, a.repeats)
         print(json.dumps(ratio), flush=True)
     print("## load test (uvicorn on loopback, histories from the sequence store)")
-    load = load_test(model, a.threads, users=200, history=1024, n_cands=200, concurrency=a.concurrency,
+    load = load_test(model, a.load_threads, users=200, history=1024, n_cands=200, concurrency=a.concurrency,
                      n_requests=a.load_requests)
     print(json.dumps(load), flush=True)
     print("\n| history | candidates | tokens | ONNX p50 ms | ONNX p99 ms | req/s (1 stream) | prepare p50 ms | torch p50 / ONNX p50 |")
@@ -233,7 +235,8 @@ def main() -> None:
     print(f"\none pass vs per candidate (H={ratio['history']}, N={ratio['candidates']}): "
           f"{ratio['one_pass_ms']:.2f} ms vs {ratio['per_candidate_ms']:.1f} ms = x{ratio['speedup']:.1f} "
           f"(same scores: max |diff| {ratio['max_abs_diff']:.1e})")
-    print(f"load test: {load['requests']} requests, {load['concurrency']} clients: {load['req_per_s']:.1f} req/s, "
+    print(f"load test: {load['requests']} requests, {load['concurrency']} clients, {a.load_threads} ORT thread(s) per "
+          f"request: {load['req_per_s']:.1f} req/s, "
           f"p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms end to end, {load['errors']} errors")
 
 

@@ -65,32 +65,29 @@ Id = Annotated[str, BeforeValidator(_id), Field(min_length=1, max_length=256)]
 OptId = Annotated[str, BeforeValidator(_id), Field(max_length=256)] | None
 
 
-class Candidate(BaseModel):
+class ItemFeatures(BaseModel):
+    """The side features an ad or item carries (all optional: a missing one is a null id)."""
     model_config = ConfigDict(extra="forbid")
-    ad_id: Id
     campaign_id: OptId = None
     advertiser_id: OptId = None
     category_id: OptId = None
     brand_id: OptId = None
     surface: OptId = None
     device: OptId = None
+
+
+class Candidate(ItemFeatures):
+    ad_id: Id
 
 
 MAX_TS_MS = 4_102_444_800_000  # 2100-01-01: a bound that keeps every time arithmetic inside int64
 
 
-class HistoryEvent(BaseModel):
+class HistoryEvent(ItemFeatures):
     """An event as the sequence store holds it: an ad impression (with its outcome) or an organic action."""
-    model_config = ConfigDict(extra="forbid")
     ts_ms: int = Field(ge=0, le=MAX_TS_MS)
     event_kind: Literal["impression", "behavior"]
     item_id: Id
-    campaign_id: OptId = None
-    advertiser_id: OptId = None
-    category_id: OptId = None
-    brand_id: OptId = None
-    surface: OptId = None
-    device: OptId = None
     action: Literal["view", "cart", "fav", "buy"] | None = None
     position: int | None = Field(default=None, ge=1, le=10_000)
     label: Literal[0, 1] | None = None
