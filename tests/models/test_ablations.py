@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 from mt_util import tiny_student
-from models.data import F_POS, TT_CANDIDATE, F_TYPE, PackedLoader, collate, iter_samples, tokenizer_for
+from models.data import F_POS, F_TYPE, TT_CANDIDATE, PackedLoader, collate, iter_samples, tokenizer_for
 from models.student import Student
 from models.train import evaluate, load_model, predict, save_model, train_student
 
@@ -21,10 +21,11 @@ def test_defaults_leave_the_model_and_its_tokens_unchanged(samples_dir):
     cfg = tiny_student()
     assert cfg.use_history and not cfg.position_input
     # no extra parameters, same initialisation as before the switches existed
-    assert _model(cfg).state_dict().keys() == _model(tiny_student(use_history=False, position_input=True)).state_dict().keys()
-    b = _batch(samples_dir, cfg)
-    assert bool((b.tensors["cand_feats"][:, F_POS] == 0).all())  # the scored impression's position is no input
-    assert int(b.tensors["hist_len"].sum()) > 0
+    a, b = _model(cfg).state_dict(), _model(tiny_student(use_history=False, position_input=True)).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    batch = _batch(samples_dir, cfg)
+    assert bool((batch.tensors["cand_feats"][:, F_POS] == 0).all())  # the scored impression's position is no input
+    assert int(batch.tensors["hist_len"].sum()) > 0
 
 
 def test_no_history_tokens_hold_only_the_candidates(samples_dir):

@@ -1,0 +1,668 @@
+"""Model-quality report (issue #8): the seed papers' ablations on the simulated world and on MovieLens.
+
+    .venv/bin/python benchmarks/quality.py                 # demo world, 3 seeds, then MovieLens (~45 min)
+    .venv/bin/python benchmarks/quality.py --quick         # tiny world, 1 seed, small models: minutes
+    .venv/bin/python benchmarks/quality.py --seeds 1 --no-movielens --only student,no_lptm
+
+Data. The world is simulated (`--preset`, simulator seed `--world-seed`) into a private GENRANK_HOME
+under `--home` (default /tmp/genrank-quality/<preset>-s<seed>) and the real pipeline stages turn it
+into training samples: the Dagster assets of the `ingest` and `sequences` groups (Spark events, dbt
+sequences, their checks), one daily partition after the other as `genrank run` does, stopping before
+the models. MovieLens latest-small goes through the importer (`genrank import movielens`, a
+`--ml-since/--ml-until` slice with its empty days filled, so the partitions are contiguous) and the
+same stages. Both are built once and reused (delete the folder to rebuild). The default MovieLens
+slice, 2015-11-02..2015-11-18, is chosen because MovieLens is sparse in time (610 users over 22 years,
+most of them rating in one burst), every calendar day costs a pipeline partition, and the sequence
+stage cannot go past a day without events once it holds any (user_sequences' last built day is its
+newest event's day, so the next day is refused): of the runs of consecutive days with ratings, this
+17-day one has the most test ratings by users with earlier ratings in the slice.
+
+Protocol. Every model trains from scratch on the first days, epoch after epoch; after each epoch it is
+scored on the validation day(s) that follow, and it keeps its best epoch (patience `Sizes.patience`),
+so that no variant depends on an epoch count tuned for another. It is then tested out of time on the
+last `--eval-days` day(s) under serving conditions (models.evaluate: delay mask on, the real bucket's
+head). `--seeds` training seeds (initialisation and data order; the data stay the same). Reported:
+mean and sample standard deviation over seeds, and per-seed paired differences (same seed, same test
+impressions) with their spread, which is the noise against which every direction is judged.
+
+Rows. The oracle's AUC (the simulator's true click probability with full information and with
+serving visibility, on the tested impressions); the per-bucket historical-CTR baseline
+(transforms.sequences.bucket_ctr_baseline); a student that sees no user history (use_history=False);
+the teacher (CADET-style, full tokens); the student without and with KD (TM20K: main head on labels,
+distill head on CE + lambda x KD against the teacher's probabilities on the training days, from
+models.predict on the teacher); ablations of the student without KD: no position heads (position
+as an input, the default slot at serving, one head), no delay mask in training, index RoPE instead
+of time RoPE, LITM / PATM / LPTM off. Results are kept in <world>/quality/results.json, so an
+interrupted run resumes where it stopped (same sizes and days).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import logging
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# this file's folder comes first on sys.path when run as a script: it would shadow the `quality` package
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+log = logging.getLogger("genrank.quality")
+
+# Seed papers' figures (relative AUC change of the ablated model vs the full one), ../shared/seeds.
+SEED_EXPECTATIONS = {
+    "no_position_heads": ("CADET", -0.61),
+    "no_train_delay": ("CADET", -0.31),
+    "index_rope": ("CADET", -0.13),
+    "no_litm": ("TM20K", +0.02),   # TM20K: adding LITM costs 0.02 %, so removing it gains as much
+    "no_patm": ("TM20K", +0.06),
+    "no_lptm": ("TM20K", +0.03),
+}
+ABLATIONS = ["no_position_heads", "no_train_delay", "index_rope", "no_litm", "no_patm", "no_lptm"]
+LABELS = {
+    "bucket_ctr": "per-bucket historical CTR",
+    "no_history": "student, no user history",
+    "teacher": "teacher (full tokens)",
+    "student": "student, no KD",
+    "student_kd": "student, KD",
+    "no_position_heads": "- no position heads (position input, default slot at serving, 1 head)",
+    "no_train_delay": "- no delay mask in training",
+    "index_rope": "- index RoPE instead of time RoPE",
+    "no_litm": "- LITM off",
+    "no_patm": "- PATM off",
+    "no_lptm": "- LPTM off",
+}
+
+
+# ------------------------------------------------------------------------------------ data
+
+@dataclasses.dataclass
+class World:
+    name: str
+    home: Path
+    days: list[str]            # training_samples days, in order
+    train_days: list[str]
+    val_days: list[str]        # picks each model's epoch (early stopping)
+    eval_days: list[str]       # the out-of-time test
+    simulated: bool
+    note: str = ""
+
+    def samples(self, days) -> list[str]:
+        return [str(self.home / "lake" / "training_samples" / f"date={d}") for d in days]
+
+
+def _sample_days(home: Path) -> list[str]:
+    root = home / "lake" / "training_samples"
+    return sorted(p.name.removeprefix("date=") for p in root.glob("date=*")
+                  if (p / "part-0.parquet").exists()) if root.is_dir() else []
+
+
+def build_training_samples(home: Path) -> None:
+    """Runs the pipeline's ingest and sequences assets (Spark events, dbt sequences and their checks)
+    for every complete landing day without training samples yet, in order, in a child process: the
+    partitions definition reads GENRANK_HOME at import, and the Spark JVM should not outlive it."""
+    from transforms import landing
+
+    todo = [d for d in landing.complete_days(home) if d not in set(_sample_days(home))]
+    if not todo:
+        return
+    env = {**os.environ, "GENRANK_HOME": str(home), "GENRANK_TORCH_THREADS": "1"}
+    env.pop("DAGSTER_HOME", None)   # a private instance under the world's home
+    env.pop("GENRANK_START_DATE", None)
+    logfile = home / "quality-pipeline.log"
+    print(f"  pipeline (events + sequences) for {len(todo)} day(s) {todo[0]}..{todo[-1]}; log: {logfile}", flush=True)
+    t0 = time.perf_counter()
+    with open(logfile, "a") as out:
+        rc = subprocess.run([sys.executable, __file__, "--_build-samples", str(home)], env=env, stdout=out,
+                            stderr=subprocess.STDOUT, cwd=str(ROOT)).returncode
+    if rc != 0:
+        raise RuntimeError(f"the pipeline stages failed for {home} (exit {rc}); see {logfile}")
+    print(f"  pipeline done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def _build_samples_child(home: Path) -> int:
+    """Child process of build_training_samples."""
+    import dagster as dg
+
+    from pipelines.runner import prepare_instance
+    from transforms import landing
+
+    instance = prepare_instance(home)
+    from pipelines.definitions import defs
+    from pipelines.partitions import daily_partitions
+
+    selection = dg.AssetSelection.groups("ingest", "sequences") - dg.AssetSelection.assets("raw_logs")
+    jobs = [dg.define_asset_job("quality_samples_job", selection=selection, partitions_def=daily_partitions),
+            dg.define_asset_job("quality_sequences_job", selection=dg.AssetSelection.groups("sequences"),
+                                partitions_def=daily_partitions)]
+    resolved = dg.Definitions(assets=list(defs.assets), asset_checks=list(defs.asset_checks or []), jobs=jobs,
+                              resources=defs.resources)
+    samples_job, sequences_job = (resolved.resolve_job_def(j.name) for j in jobs)
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    tags = {"genrank/launched_by": "benchmarks/quality.py"}
+    done = set(_sample_days(home))
+    for day in landing.complete_days(home):
+        if day in done:
+            continue
+        t0 = time.perf_counter()
+        r = samples_job.execute_in_process(partition_key=day, instance=instance, raise_on_error=False, run_config=quiet,
+                                           tags=tags)
+        failed = [f"{e.asset_key.to_user_string()}:{e.check_name}" for e in r.get_asset_check_evaluations()
+                  if not e.passed and e.severity.value == "ERROR"]
+        if not r.success and failed == ["events:events_not_empty"] and _landing_lines(home, day) == 0:
+            # An empty landing day (the importer's --fill-gaps) stops the pipeline at the blocking check
+            # events_not_empty, although its (empty) events partition is written; the sequences still need
+            # the day for contiguous partitions, so they are built on their own.
+            r = sequences_job.execute_in_process(partition_key=day, instance=instance, raise_on_error=False,
+                                                 run_config=quiet, tags=tags)
+            print(f"QUALITY {day} empty landing day: events_not_empty failed as designed; sequences alone "
+                  f"success={r.success}", flush=True)
+        print(f"QUALITY {day} success={r.success} {time.perf_counter() - t0:.1f}s", flush=True)
+        if not r.success:
+            return 1
+    return 0
+
+
+def _landing_lines(home: Path, day: str) -> int:
+    from transforms import landing
+
+    return sum(landing.open_day(home, day, verify=False).line_counts.values())
+
+
+def _split(name: str, home: Path, days: list[str], val_days: int, eval_days: int, simulated: bool) -> World:
+    if len(days) < val_days + eval_days + 1:
+        raise ValueError(f"{home}: {len(days)} day(s) of training samples; need at least {val_days + eval_days + 1}")
+    n_train = len(days) - val_days - eval_days
+    return World(name, home, days, days[:n_train], days[n_train:n_train + val_days], days[n_train + val_days:],
+                 simulated=simulated)
+
+
+def prepare_simulated(home: Path, preset: str, seed: int, n_days: int | None, val_days: int, eval_days: int) -> World:
+    from transforms import landing
+    from transforms.simulator import simulate
+
+    home.mkdir(parents=True, exist_ok=True)
+    if not landing.complete_days(home):
+        print(f"  simulating preset {preset!r} seed {seed} into {home}", flush=True)
+        with contextlib.redirect_stdout(sys.stderr):
+            simulate(preset=preset, seed=seed, out=home)
+    build_training_samples(home)
+    days = _sample_days(home)
+    if n_days:
+        days = days[:n_days]
+    return _split(f"simulated `{preset}` world (simulator seed {seed})", home, days, val_days, eval_days, True)
+
+
+def prepare_movielens(home: Path, src: Path, since: str, until: str, val_days: int, eval_days: int) -> World:
+    from transforms import landing
+    from transforms.importers import import_dataset
+
+    home.mkdir(parents=True, exist_ok=True)
+    if not landing.complete_days(home):
+        print(f"  importing MovieLens {since}..{until} (empty days filled) into {home}", flush=True)
+        report = import_dataset("movielens", src, home, since=since, until=until, fill_gaps=True)
+        if not report.reconciled:
+            raise RuntimeError(f"MovieLens import did not reconcile:\n{report.summary()}")
+    build_training_samples(home)
+    return _split(f"MovieLens latest-small, {since}..{until}", home, _sample_days(home), val_days, eval_days, False)
+
+
+def oracle_rows(world: World, labels) -> dict:
+    """The simulator's true click probabilities on exactly the evaluated impressions (labels: the
+    pipeline's impression_id / label of the evaluation days), plus the runner's own per-day figure
+    (serving visibility, every logged impression of the day)."""
+    import pandas as pd
+
+    from models.metrics import auc
+    from pipelines.runner import _oracle_auc_by_day
+
+    frames = [pd.read_parquet(world.home / "simulator" / "oracle" / f"date={d}" / "oracle.parquet",
+                              columns=["impression_id", "p_click", "p_click_serving"]) for d in world.eval_days]
+    o = labels.merge(pd.concat(frames), on="impression_id", how="inner")
+    per_day = _oracle_auc_by_day(world.home)
+    return {"n": len(o), "n_eval": len(labels), "auc_full": auc(o["label"], o["p_click"]),
+            "auc_serving": auc(o["label"], o["p_click_serving"]),
+            "runner_auc_serving": {d: per_day.get(d) for d in world.eval_days}}
+
+
+def baseline_metrics(world: World) -> dict:
+    import pandas as pd
+
+    from models.metrics import summarize_predictions
+    from transforms.sequences import bucket_ctr_baseline
+
+    pred = pd.concat([bucket_ctr_baseline(world.home, d) for d in world.eval_days], ignore_index=True)
+    return summarize_predictions(pred)
+
+
+# ------------------------------------------------------------------------------------ models
+
+@dataclasses.dataclass
+class Sizes:
+    d_model: int = 64
+    n_heads: int = 2
+    teacher_layers: int = 4
+    student_layers: int = 4      # LPTM pair-sums before layer 2 (of 0..3): it needs >= 3 layers to act
+    teacher_max_len: int = 2048  # tokens (an impression costs 2)
+    student_max_len: int = 1024  # events
+    epochs: int = 6              # at most; each model keeps its best epoch on the validation days
+    patience: int = 2            # validation AUC climbs in steps (plateaus, then jumps): 1 stops too early
+    max_steps: int | None = None
+    token_budget: int = 2048     # small packed batches: more optimizer steps per pass (as the pipeline)
+    lr: float = 2e-3
+    weight_decay: float = 0.1
+    kd_lambda: float = 50.0
+
+
+def _configs(sz: Sizes):
+    from models import BackboneConfig, FeatureConfig, StudentConfig, TeacherConfig
+
+    fc = FeatureConfig(item_buckets=1 << 15, campaign_buckets=1 << 12, advertiser_buckets=1 << 11,
+                       category_buckets=1 << 10, brand_buckets=1 << 12)
+    teacher = TeacherConfig(features=fc, max_len=sz.teacher_max_len,
+                            backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.teacher_layers, n_heads=sz.n_heads))
+    student = StudentConfig(features=fc, max_len=sz.student_max_len, kd_lambda=sz.kd_lambda,
+                            backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.student_layers, n_heads=sz.n_heads))
+    return teacher, student
+
+
+def student_variant(base, name: str):
+    from models import RoPEConfig
+
+    r = dataclasses.replace
+    if name in ("student", "student_kd"):
+        return base
+    if name == "no_history":
+        return r(base, use_history=False)
+    if name == "no_position_heads":
+        return r(base, position_input=True, backbone=r(base.backbone, n_buckets=1))
+    if name == "no_train_delay":
+        return r(base, mask=r(base.mask, train_delay=False))
+    if name == "index_rope":
+        return r(base, rope=RoPEConfig(mode="index"))
+    if name in ("no_litm", "no_patm", "no_lptm"):
+        return r(base, **{name.removeprefix("no_"): False})
+    raise ValueError(name)
+
+
+def _train_cfg(sz: Sizes, seed: int):
+    from models import TrainConfig
+
+    return TrainConfig(lr=sz.lr, weight_decay=sz.weight_decay, token_budget=sz.token_budget, epochs=sz.epochs,
+                       max_steps=sz.max_steps, seed=seed, warmup_steps=20, log_every=10**9, ckpt_every=0,
+                       device="cpu")
+
+
+def _metrics(m: dict) -> dict:
+    keys = ("n", "auc", "gauc", "logloss", "ctr", "mean_p", "bucket0_calibration", "bucket1_calibration",
+            "bucket0_n", "bucket1_n", "len_before_avg", "len_before_p90", "len_after_avg", "len_after_p90",
+            "tokens_per_s")
+    out = {k: (float(m[k]) if k in m and m[k] is not None else float("nan")) for k in keys}
+    out["eval_tokens_per_s"] = out.pop("tokens_per_s")
+    return out
+
+
+def fit_best_epoch(kind: str, cfg, probs, world: World, sz: Sizes, seed: int, workdir: Path):
+    """Trains epoch by epoch (train_teacher / train_student resume from their checkpoint), scores the
+    validation days after each, stops after `sz.patience` epochs without a better validation AUC and
+    returns (the best epoch's model, a summary). Every model gets the same rule, so no variant gains
+    from an epoch count tuned for another."""
+    import copy
+    import shutil
+
+    from models import evaluate, train_student, train_teacher
+
+    ckpt = workdir / f"ckpt-{kind}"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    train, val = world.samples(world.train_days), world.samples(world.val_days)
+    best_auc, best_state, best_epoch, curve = -1.0, None, 0, []
+    tokens = events = seconds = 0.0
+    steps = 0
+    model = None
+    for epoch in range(1, sz.epochs + 1):
+        tc = dataclasses.replace(_train_cfg(sz, seed), epochs=epoch)
+        if kind == "teacher":
+            res = train_teacher(train, cfg, tc, ckpt_dir=str(ckpt), resume=True)
+        else:
+            res = train_student(train, probs, cfg, tc, ckpt_dir=str(ckpt), resume=True)
+        th = res.throughput
+        seconds += th["seconds"]
+        tokens += th["tokens_per_s"] * th["seconds"]
+        events += th["events_per_s"] * th["seconds"]
+        steps = res.step
+        model = res.model
+        v = float(evaluate(model, val)["auc"])
+        curve.append(round(v, 4))
+        if v > best_auc:
+            best_auc, best_state, best_epoch = v, copy.deepcopy(model.state_dict()), epoch
+        elif epoch - best_epoch >= sz.patience:
+            break
+    shutil.rmtree(ckpt, ignore_errors=True)
+    model.load_state_dict(best_state)
+    return model, {"best_epoch": best_epoch, "val_auc": best_auc, "val_curve": curve, "train_seconds": seconds,
+                   "train_steps": steps, "train_tokens_per_s": tokens / max(seconds, 1e-9),
+                   "train_events_per_s": events / max(seconds, 1e-9)}
+
+
+def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: dict, save) -> None:
+    """Trains and evaluates every model of one seed (skipping those already in results)."""
+    import pandas as pd
+
+    from models import evaluate, predict
+    from models.metrics import auc
+
+    tcfg, scfg = _configs(sz)
+    evald = world.samples(world.eval_days)
+    workdir = world.home / "quality"
+    workdir.mkdir(parents=True, exist_ok=True)
+    key = lambda v: f"{world.name}|{v}|{seed}"  # noqa: E731
+    probs_path = workdir / f"teacher-probs-seed{seed}.parquet"
+    kd_needs_probs = "student_kd" in variants and key("student_kd") not in results and not probs_path.exists()
+    if "teacher" in variants and (key("teacher") not in results or kd_needs_probs):
+        t0 = time.perf_counter()
+        model, fit = fit_best_epoch("teacher", tcfg, None, world, sz, seed, workdir)
+        results[key("teacher")] = {**_metrics(evaluate(model, evald)), **fit}
+        # the teacher's probabilities on the student's training days (TM20K: cached teacher logits)
+        probs = predict(model, world.samples(world.train_days), with_labels=True)
+        results[key("teacher")]["in_sample_auc"] = auc(probs["label"], probs["p"])
+        probs[["impression_id", "p"]].to_parquet(probs_path, index=False)
+        _report(world, "teacher", seed, results[key("teacher")], time.perf_counter() - t0)
+        save()
+    for v in variants:
+        if v == "teacher" or key(v) in results:
+            continue
+        t0 = time.perf_counter()
+        probs = pd.read_parquet(probs_path) if v == "student_kd" else None
+        model, fit = fit_best_epoch(v, student_variant(scfg, v), probs, world, sz, seed, workdir)
+        results[key(v)] = {**_metrics(evaluate(model, evald)), **fit}
+        _report(world, v, seed, results[key(v)], time.perf_counter() - t0)
+        save()
+
+
+def _report(world: World, v: str, seed: int, m: dict, seconds: float) -> None:
+    print(f"  [{world.name}] seed {seed} {v:18s} auc {m['auc']:.4f} gauc {m['gauc']:.4f} logloss {m['logloss']:.4f} "
+          f"calib {m['bucket0_calibration']:.2f}/{m['bucket1_calibration']:.2f} val {m['val_curve']} -> epoch "
+          f"{m['best_epoch']}; train {m['train_seconds']:.0f}s ({m['train_steps']} steps, {m['train_tokens_per_s']:.0f} "
+          f"tok/s); total {seconds:.0f}s", flush=True)
+
+
+# ------------------------------------------------------------------------------------ table
+
+def _mean_sd(xs) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
+    return m, sd
+
+
+def _fmt(m: float, sd: float, nd: int = 4) -> str:
+    if math.isnan(m):
+        return "-"
+    return f"{m:.{nd}f}" + ("" if math.isnan(sd) else f" ± {sd:.{nd}f}")
+
+
+def _per_seed(results, world, v, seeds, k):
+    return [results.get(f"{world.name}|{v}|{s}", {}).get(k, float("nan")) for s in seeds]
+
+
+def table(world: World, results: dict, seeds: list[int], variants: list[str], extra: dict) -> str:
+    b = extra["baseline"]
+    lines = [f"#### {world.name}", "",
+             f"Train {world.train_days[0]}..{world.train_days[-1]} ({len(world.train_days)} days), validation "
+             f"{_span(world.val_days)}, "
+             f"out-of-time test {_span(world.eval_days)} ({len(world.eval_days)} day(s): "
+             f"{int(b['n']):,} impressions of {_n_users(world):,} users, CTR {b['ctr']:.4f}). "
+             f"Mean ± sd over seeds {', '.join(map(str, seeds))}." + (f" {world.note}" if world.note else ""), ""]
+    lines += ["| model | AUC | GAUC | log-loss | pred/obs CTR bucket 0 / 1 | history events -> tokens (avg, p90) "
+              "| train tokens/s | train events/s | best epoch |", "|---|---|---|---|---|---|---|---|---|"]
+    if "oracle" in extra:
+        o = extra["oracle"]
+        lines.append(f"| oracle, full information | {o['auc_full']:.4f} | | | | | | | |")
+        lines.append(f"| oracle, serving visibility (nothing newer than 1 h) | {o['auc_serving']:.4f} | | | | | | | |")
+    lines.append(f"| {LABELS['bucket_ctr']} | {b['auc']:.4f} | {b['gauc']:.4f} | {b['logloss']:.4f} | "
+                 f"{_cal(b.get('bucket0_calibration'))} / {_cal(b.get('bucket1_calibration'))} | | | | |")
+    for v in variants:
+        g = lambda k: _mean_sd(_per_seed(results, world, v, seeds, k))  # noqa: E731
+        if math.isnan(g("auc")[0]):
+            continue
+        epochs = "/".join(str(int(x)) if not math.isnan(x) else "-"
+                          for x in _per_seed(results, world, v, seeds, "best_epoch"))
+        lines.append(
+            f"| {LABELS[v]} | {_fmt(*g('auc'))} | {_fmt(*g('gauc'))} | {_fmt(*g('logloss'))} | "
+            f"{_cal(g('bucket0_calibration')[0])} / {_cal(g('bucket1_calibration')[0])} | "
+            f"{g('len_before_avg')[0]:.0f} -> {g('len_after_avg')[0]:.0f} ({g('len_before_p90')[0]:.0f} -> "
+            f"{g('len_after_p90')[0]:.0f}) | {g('train_tokens_per_s')[0]:,.0f} | {g('train_events_per_s')[0]:,.0f} | "
+            f"{epochs} |")
+    lines.append("")
+    if "oracle" in extra:
+        o = extra["oracle"]
+        lines.append(f"Oracle rows: the simulator's p_click / p_click_serving on {o['n']:,} of the {o['n_eval']:,} "
+                     f"tested impressions (joined by impression_id, scored against the pipeline's labels); the runner's "
+                     f"per-day figure (serving, every logged impression): "
+                     + ", ".join(f"{d} {v:.4f}" for d, v in o["runner_auc_serving"].items() if v is not None) + ".")
+    t_in = _mean_sd(_per_seed(results, world, "teacher", seeds, "in_sample_auc"))
+    if not math.isnan(t_in[0]):
+        lines.append(f"Teacher AUC on its own training days (the KD targets): {_fmt(*t_in)}.")
+    lines.append("")
+    lines += derived(world, results, seeds, variants)
+    return "\n".join(lines)
+
+
+def _span(days: list[str]) -> str:
+    return days[0] if len(days) == 1 else f"{days[0]}..{days[-1]}"
+
+
+def _cal(x) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.2f}"
+
+
+def _n_users(world: World) -> int:
+    import pyarrow.parquet as pq
+
+    users = set()
+    for path in world.samples(world.eval_days):
+        t = pq.read_table(path, columns=["user_id", "is_target"])
+        users |= set(t.filter(t.column("is_target")).column("user_id").to_pylist())
+    return len(users)
+
+
+def _paired(results, world, a, b, seeds, k="auc"):
+    xa, xb = _per_seed(results, world, a, seeds, k), _per_seed(results, world, b, seeds, k)
+    return [x - y for x, y in zip(xa, xb) if not (math.isnan(x) or math.isnan(y))]
+
+
+def _verdict(diffs: list[float], expected: float) -> str:
+    """Direction of the paired per-seed differences vs the seed paper's, with 2 standard errors as noise."""
+    m, sd = _mean_sd(diffs)
+    if math.isnan(m):
+        return "-"
+    if len(diffs) < 2:
+        return ("same sign" if (m > 0) == (expected > 0) else "opposite sign") + " (1 seed: no spread)"
+    se = sd / math.sqrt(len(diffs))
+    if abs(m) <= 2 * se:
+        return f"within seed noise (2 SE = {2 * se:.4f})"
+    return ("same direction" if (m > 0) == (expected > 0) else "**opposite direction**") + " (beyond 2 SE)"
+
+
+def _share(results, world, seeds, v) -> list[float]:
+    t, k, n = (_per_seed(results, world, x, seeds, "auc") for x in ("teacher", v, "no_history"))
+    return [(kk - nn) / (tt - nn) if abs(tt - nn) > 1e-9 else float("nan") for tt, kk, nn in zip(t, k, n)]
+
+
+def derived(world: World, results: dict, seeds: list[int], variants: list[str]) -> list[str]:
+    """Paired per-seed differences (the same seed, data and evaluation; the seed spread is the noise)."""
+    rows = []
+    ref = _mean_sd(_per_seed(results, world, "student", seeds, "auc"))[0]
+
+    def row(label, a, b, paper, expected):
+        d, dg = _paired(results, world, a, b, seeds), _paired(results, world, a, b, seeds, "gauc")
+        if not d:
+            return
+        m = _mean_sd(d)[0]
+        rel = f"{100 * m / ref:+.2f} %" if ref and not math.isnan(ref) else "-"
+        rows.append(f"| {label} | {_fmt(*_mean_sd(d))} | {rel} | {_fmt(*_mean_sd(dg))} | {paper} | "
+                    f"{_verdict(d, expected)} |")
+
+    row("user history: student (no KD) - no-history student", "student", "no_history",
+        "CADET, TM20K: the user sequence is the signal (TM20K: 5K -> 20K events +0.26 % rel.)", +1)
+    row("teacher - no-history student", "teacher", "no_history", "TM20K: the full-token teacher is the upper bound", +1)
+    row("teacher - student (no KD)", "teacher", "student", "TM20K: teacher +0.11 % rel. over the student", +1)
+    row("KD: student with KD - student without", "student_kd", "student", "TM20K: +0.07 % rel.", +1)
+    for v in ABLATIONS:
+        if v in variants:
+            paper, exp = SEED_EXPECTATIONS[v]
+            row(f"{LABELS[v].lstrip('- ')} - student (no KD)", v, "student", f"{paper}: {exp:+.2f} % rel.", exp)
+    out = []
+    if rows:
+        out += ["| paired difference (per seed, then mean ± sd) | AUC | AUC rel. | GAUC | seed paper | here |",
+                "|---|---|---|---|---|---|", *rows, ""]
+    if all(v in variants for v in ("teacher", "student", "student_kd", "no_history")):
+        kd, nokd = _share(results, world, seeds, "student_kd"), _share(results, world, seeds, "student")
+        pct = lambda xs: ", ".join("-" if math.isnan(x) else f"{100 * x:.0f} %" for x in xs)  # noqa: E731
+        gain = _paired(results, world, "teacher", "no_history", seeds)
+        if any(g <= 0 for g in gain):
+            out += [f"The teacher does not beat the no-history student on every seed (teacher - no-history: "
+                    f"{', '.join(f'{g:+.4f}' for g in gain)}), so the share of its gain a student recovers is not "
+                    "meaningful on those seeds; the ratios are printed anyway."]
+        out += [f"Share of the teacher's AUC gain over the no-history student that the student recovers, "
+                f"(student - no-history) / (teacher - no-history): with KD {pct(kd)} (mean {100 * _mean_sd(kd)[0]:.0f} %), "
+                f"without KD {pct(nokd)} (mean {100 * _mean_sd(nokd)[0]:.0f} %), per seed. TM20K: 85 % with KD, "
+                f"58 % without (relative to its 5K baseline).", ""]
+    return out
+
+
+# ------------------------------------------------------------------------------------ main
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--_build-samples":
+        return _build_samples_child(Path(sys.argv[2]))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default=None, help="simulated world preset: tiny, demo (default), large")
+    p.add_argument("--world-seed", type=int, default=0, help="simulator seed (default 0)")
+    p.add_argument("--seeds", type=int, default=None, help="training seeds 0..N-1 (default 3; --quick 1)")
+    p.add_argument("--days", type=int, default=None, help="use only the first N simulated days (default all)")
+    p.add_argument("--val-days", type=int, default=1, help="days after the training days that pick the epoch")
+    p.add_argument("--eval-days", type=int, default=1, help="last days, evaluated out of time (default 1)")
+    p.add_argument("--epochs", type=int, default=None, help="most epochs per model (default 6; --quick 4)")
+    p.add_argument("--only", default=None, help="comma-separated subset of the models, e.g. student,no_lptm "
+                                                 "(student_kd needs teacher)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny world, 1 seed, small models, 4 epochs, a 15-day MovieLens slice")
+    p.add_argument("--home", default="/tmp/genrank-quality", help="where the worlds are built and cached")
+    p.add_argument("--no-movielens", action="store_true", help="skip MovieLens")
+    p.add_argument("--movielens-only", action="store_true", help="skip the simulated world")
+    p.add_argument("--ml-src", default=str(ROOT.parent / "shared" / "data" / "movielens_latest_small"))
+    p.add_argument("--ml-since", default=None, help="first MovieLens day landed (default 2015-11-02)")
+    p.add_argument("--ml-until", default=None, help="last MovieLens day landed (default 2015-11-18)")
+    p.add_argument("--ml-val-days", type=int, default=None, help="default 3")
+    p.add_argument("--ml-eval-days", type=int, default=None, help="default 5")
+    p.add_argument("--ml-seeds", type=int, default=None, help="training seeds on MovieLens (default 10: a model "
+                                                                 "trains there in seconds; --quick 1)")
+    p.add_argument("--ml-epochs", type=int, default=30, help="most epochs per model on MovieLens (patience 4)")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("GENRANK_TORCH_THREADS", "1")))
+    p.add_argument("--out", default=None, help="also write the report (markdown) to this file")
+    a = p.parse_args(argv)
+    q = a.quick
+    preset = a.preset or ("tiny" if q else "demo")
+    n_seeds = a.seeds if a.seeds is not None else (1 if q else 3)
+    ml_since = a.ml_since or ("2018-02-13" if q else "2015-11-02")
+    ml_until = a.ml_until or ("2018-02-27" if q else "2015-11-18")
+    ml_val = a.ml_val_days if a.ml_val_days is not None else 3
+    ml_eval = a.ml_eval_days if a.ml_eval_days is not None else 5
+    sz = Sizes()
+    if q:
+        sz = dataclasses.replace(sz, d_model=32, teacher_max_len=512, student_max_len=256, epochs=4)
+    if a.epochs:
+        sz = dataclasses.replace(sz, epochs=a.epochs)
+    # MovieLens slices are small (hundreds to a few thousand ratings): more, cheap epochs, more patience
+    # and smaller batches, else an epoch is one or two optimizer steps
+    ml_sz = dataclasses.replace(sz, epochs=a.ml_epochs, patience=4, token_budget=512)
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    os.environ["GENRANK_TORCH_THREADS"] = str(a.threads)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    started = time.perf_counter()
+    seeds = list(range(n_seeds))
+    variants = ["no_history", "teacher", "student", "student_kd", *ABLATIONS]
+    if a.only:
+        variants = [v for v in variants if v in a.only.split(",")]
+    home = Path(a.home).resolve()
+    command = "benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    header = (f"`{command.strip()}` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d} ({platform.machine()}, "
+              f"{os.cpu_count()} CPU(s), torch {torch.__version__}, {a.threads} thread(s)). Models: d={sz.d_model}, "
+              f"{sz.n_heads} heads, teacher {sz.teacher_layers} layers / {sz.teacher_max_len} tokens, student "
+              f"{sz.student_layers} layers / {sz.student_max_len} events (LITM T=3, PATM, LPTM every 2 layers, KD lambda "
+              f"{sz.kd_lambda:g}); AdamW lr {sz.lr:g}, wd {sz.weight_decay:g}, {sz.token_budget} tokens per batch, at "
+              f"most {sz.epochs} epochs, each model stopped at its best validation epoch (patience {sz.patience}).")
+    print(header, flush=True)
+    worlds = [] if a.movielens_only else [(prepare_simulated(home / f"{preset}-s{a.world_seed}", preset, a.world_seed,
+                                                             a.days, a.val_days, a.eval_days), variants, sz, seeds)]
+    if not a.no_movielens:
+        ml = prepare_movielens(home / f"movielens-{ml_since}-{ml_until}", Path(a.ml_src), ml_since, ml_until, ml_val,
+                               ml_eval)
+        ml.note = (f"At most {ml_sz.epochs} epochs, patience {ml_sz.patience}, {ml_sz.token_budget} tokens per batch. "
+                   "MovieLens has no display position "
+                   "(every impression is position 1, one bucket): the per-bucket baseline is one CTR per day, so its "
+                   "AUC only reflects day-to-day CTR changes.")
+        worlds.append((ml, [v for v in variants if v in ("no_history", "student")], ml_sz,
+                       list(range(a.ml_seeds if a.ml_seeds is not None else (1 if q else 10)))))
+    prep_s = time.perf_counter() - started
+
+    out = [header, ""]
+    for world, wv, wsz, seeds in worlds:
+        print(f"\n{world.name}: train {world.train_days[0]}..{world.train_days[-1]}, validate "
+              f"{world.val_days[0]}..{world.val_days[-1]}, test {world.eval_days[0]}..{world.eval_days[-1]}; "
+              f"models {', '.join(wv)}; seeds {seeds}", flush=True)
+        # results are kept per world and reused by a rerun with the same sizes and split (an interrupted run resumes)
+        results_path = world.home / "quality" / "results.json"
+        fingerprint = json.dumps({"sizes": dataclasses.asdict(wsz), "train": world.train_days, "val": world.val_days,
+                                  "eval": world.eval_days}, sort_keys=True)
+        results = json.loads(results_path.read_text()) if results_path.exists() else {}
+        if results.get("_fingerprint") != fingerprint:
+            results = {"_fingerprint": fingerprint}
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+
+        def save(results=results, results_path=results_path):
+            tmp = results_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(results, indent=1))
+            os.replace(tmp, results_path)
+
+        extra = {"baseline": baseline_metrics(world)}
+        t0 = time.perf_counter()
+        for seed in seeds:
+            run_seed(world, wsz, seed, wv, results, save)
+        if world.simulated:
+            from models import predict
+            from models.train import build_model
+
+            _, scfg = _configs(wsz)
+            # the evaluated impressions and their labels (any model's predict gives the same rows)
+            labels = predict(build_model(student_variant(scfg, "no_history")), world.samples(world.eval_days),
+                             with_labels=True)[["impression_id", "label"]]
+            extra["oracle"] = oracle_rows(world, labels)
+        print(f"  models on {world.name}: {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+        out.append(table(world, results, seeds, wv, extra))
+    total = time.perf_counter() - started
+    out.append(f"Run time: {total / 60:.1f} min in all, of which {prep_s / 60:.1f} min building the worlds' training "
+               f"samples through the pipeline (cached: 0 on a rerun).")
+    text = "\n".join(out)
+    print("\n" + text, flush=True)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
