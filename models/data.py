@@ -380,9 +380,9 @@ def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int) -> TeacherToke
     feats[starts[beh]] = _content_feats(s, bi, TT_BEHAVIOR) + _action_feats(s, bi, fc) * (np.arange(N_FIELDS) != F_HOUR)
     ii = ev[imp]
     feats[starts[imp]] = _content_feats(s, ii, TT_IMP_CONTENT)
-    af = _action_feats(s, ii, fc)
-    af[:, F_TYPE] = TT_IMP_ACTION
-    feats[starts[imp] + 1] = af
+    # The action token carries its impression's ids too: both tokens of a pair share a timestamp, so under
+    # time RoPE nothing but content could tie an outcome to its ad, and a 2-layer teacher learnt slowly.
+    feats[starts[imp] + 1] = _content_feats(s, ii, TT_IMP_ACTION) + _action_feats(s, ii, fc) * (np.arange(N_FIELDS) != F_HOUR)
     ts = np.repeat(s.ts[ev], n_tok)
     is_target = np.zeros(T, bool)
     tmask = tgt[ev]
