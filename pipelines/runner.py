@@ -92,8 +92,9 @@ TEACHER_EVERY_DAYS = 7    # then it is retrained weekly, like the weekly schedul
 
 def run_days(start: str | None, end: str | None, home: Path | None = None,
              teacher_every_days: int = TEACHER_EVERY_DAYS) -> RunSummary:
-    """Every complete landing day in [start, end] through the daily job, in order; the teacher job after
-    the TEACHER_MIN_DAYS-th day and then every ``teacher_every_days`` days."""
+    """Every complete landing day in [start, end] through the daily job, in order; the teacher job once
+    TEACHER_MIN_DAYS days of samples exist and then every ``teacher_every_days`` days, each time just
+    before the day that uses it."""
     home = home or settings.genrank_home()
     days = [d for d in landing.complete_days(home) if (start is None or d >= start) and (end is None or d <= end)]
     if not days:
@@ -110,22 +111,23 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
     teacher_failures = []
     last_teacher_day: str | None = None
     for day in days:
+        # A retrain runs just before the first day that will use it, so none is wasted after the last day.
+        if _teacher_due(home, day, last_teacher_day, teacher_every_days):
+            t = teacher.execute_in_process(instance=instance, raise_on_error=False, run_config=quiet,
+                                           tags={"genrank/launched_by": "cli"})
+            meta = _materialization_metadata(t, "teacher_model")
+            print(f"{day}  teacher retrained before the day: version {meta.get('version')}, "
+                  f"trained on {meta.get('window')} ({meta.get('steps')} steps)"
+                  + ("" if t.success else f"  FAILED: {_summarise(day, t).error}"), flush=True)
+            if not t.success:
+                teacher_failures.append(day)
+            last_teacher_day = day
         result = daily.execute_in_process(partition_key=day, instance=instance, raise_on_error=False, run_config=quiet,
                                           tags={"genrank/launched_by": "cli"})
         results.append(_summarise(day, result))
         if day in oracle:
             results[-1].figures["oracle_auc"] = oracle[day]
         print(_format_day(results[-1]), flush=True)
-        if _teacher_due(home, day, last_teacher_day, teacher_every_days):
-            t = teacher.execute_in_process(instance=instance, raise_on_error=False, run_config=quiet,
-                                           tags={"genrank/launched_by": "cli"})
-            meta = _materialization_metadata(t, "teacher_model")
-            print(f"{day}  teacher retrained after the day: version {meta.get('version')}, "
-                  f"trained on {meta.get('window')} ({meta.get('steps')} steps)"
-                  + ("" if t.success else f"  FAILED: {_summarise(day, t).error}"), flush=True)
-            if not t.success:
-                teacher_failures.append(day)
-            last_teacher_day = day
     summary = RunSummary(results, teacher_failures)
     refused = sum(_only_gates_failed(r) for r in results)
     print(f"\n{sum(r.success for r in results) + refused}/{len(results)} days ran"
