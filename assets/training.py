@@ -376,8 +376,9 @@ def _metrics(pred: pd.DataFrame) -> dict:
 
 
 def _requests(model, samples: Path, n_requests: int) -> list:
-    """The first ``n_requests`` user-days of ``samples`` as serving requests: the user's history and
-    all of the day's impressions as candidates, tokenised as the service tokenises them."""
+    """The first ``n_requests`` user-days of ``samples`` as one request each: the user's history and all
+    of the day's impressions as candidates, each at its own time, so the delay mask hides the day's
+    newer outcomes (the graph takes per-candidate request times; the service passes one)."""
     from models.data import PackedLoader
 
     m = getattr(model, "module", model).eval()
