@@ -18,8 +18,9 @@ newest event's day, so the next day is refused): of the runs of consecutive days
 17-day one has the most test ratings by users with earlier ratings in the slice.
 
 Protocol. Every model trains from scratch on the first days, epoch after epoch; after each epoch it is
-scored on the validation day(s) that follow, and it keeps its best epoch (patience `Sizes.patience`),
-so that no variant depends on an epoch count tuned for another. It is then tested out of time on the
+scored on the validation day(s) that follow; it runs at least Sizes.min_epochs epochs, stops after
+Sizes.patience epochs without a better validation AUC and keeps its best epoch, so that no variant
+depends on an epoch count tuned for another. It is then tested out of time on the
 last `--eval-days` day(s) under serving conditions (models.evaluate: delay mask on, the real bucket's
 head). `--seeds` training seeds (initialisation and data order; the data stay the same). Reported:
 mean and sample standard deviation over seeds, and per-seed paired differences (same seed, same test
@@ -254,7 +255,8 @@ class Sizes:
     teacher_max_len: int = 2048  # tokens (an impression costs 2)
     student_max_len: int = 1024  # events
     epochs: int = 6              # at most; each model keeps its best epoch on the validation days
-    patience: int = 2            # validation AUC climbs in steps (plateaus, then jumps): 1 stops too early
+    min_epochs: int = 4          # validation AUC climbs in steps: a plateau of 2-3 epochs, then a jump
+    patience: int = 2            # after min_epochs: stop after this many epochs without a better one
     max_steps: int | None = None
     token_budget: int = 2048     # small packed batches: more optimizer steps per pass (as the pipeline)
     lr: float = 2e-3
@@ -312,9 +314,9 @@ def _metrics(m: dict) -> dict:
 
 def fit_best_epoch(kind: str, cfg, probs, world: World, sz: Sizes, seed: int, workdir: Path):
     """Trains epoch by epoch (train_teacher / train_student resume from their checkpoint), scores the
-    validation days after each, stops after `sz.patience` epochs without a better validation AUC and
-    returns (the best epoch's model, a summary). Every model gets the same rule, so no variant gains
-    from an epoch count tuned for another."""
+    validation days after each, stops once at least `sz.min_epochs` epochs ran and the last `sz.patience`
+    did not improve the validation AUC, and returns (the best epoch's model, a summary). Every model gets
+    the same rule, so no variant gains from an epoch count tuned for another."""
     import copy
     import shutil
 
@@ -343,7 +345,7 @@ def fit_best_epoch(kind: str, cfg, probs, world: World, sz: Sizes, seed: int, wo
         curve.append(round(v, 4))
         if v > best_auc:
             best_auc, best_state, best_epoch = v, copy.deepcopy(model.state_dict()), epoch
-        elif epoch - best_epoch >= sz.patience:
+        elif epoch >= sz.min_epochs and epoch - best_epoch >= sz.patience:
             break
     shutil.rmtree(ckpt, ignore_errors=True)
     model.load_state_dict(best_state)
@@ -605,7 +607,8 @@ def main(argv=None) -> int:
               f"{sz.n_heads} heads, teacher {sz.teacher_layers} layers / {sz.teacher_max_len} tokens, student "
               f"{sz.student_layers} layers / {sz.student_max_len} events (LITM T=3, PATM, LPTM every 2 layers, KD lambda "
               f"{sz.kd_lambda:g}); AdamW lr {sz.lr:g}, wd {sz.weight_decay:g}, {sz.token_budget} tokens per batch, at "
-              f"most {sz.epochs} epochs, each model stopped at its best validation epoch (patience {sz.patience}).")
+              f"most {sz.epochs} epochs; each model runs at least {sz.min_epochs}, stops after {sz.patience} without a better "
+              "validation AUC and keeps its best epoch.")
     print(header, flush=True)
     worlds = [] if a.movielens_only else [(prepare_simulated(home / f"{preset}-s{a.world_seed}", preset, a.world_seed,
                                                              a.days, a.val_days, a.eval_days), variants, sz, seeds)]
