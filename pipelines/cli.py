@@ -62,13 +62,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from deploy.service import ServiceConfig, create_app
 
     home = Path(args.home).resolve()
+    d = ServiceConfig  # its defaults are the local defaults of the GENRANK_SERVE_* variables
     cfg = ServiceConfig(
         home=home, tracking_uri=settings.tracking_uri(home),
-        poll_s=float(settings.env("GENRANK_SERVE_POLL_S", "15")),
-        threads=int(settings.env("GENRANK_SERVE_THREADS", "0")),
-        max_candidates=int(settings.env("GENRANK_SERVE_MAX_CANDIDATES", "1000")),
-        max_history=int(settings.env("GENRANK_SERVE_MAX_HISTORY", "20000")),
-        max_body_bytes=int(settings.env("GENRANK_SERVE_MAX_BODY_BYTES", str(8 << 20))))
+        poll_s=float(settings.env("GENRANK_SERVE_POLL_S", str(d.poll_s))),
+        threads=int(settings.env("GENRANK_SERVE_THREADS", str(d.threads))),
+        max_candidates=int(settings.env("GENRANK_SERVE_MAX_CANDIDATES", str(d.max_candidates))),
+        max_history=int(settings.env("GENRANK_SERVE_MAX_HISTORY", str(d.max_history))),
+        max_body_bytes=int(settings.env("GENRANK_SERVE_MAX_BODY_BYTES", str(d.max_body_bytes))))
     uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info")
     return 0
 

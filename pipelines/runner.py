@@ -53,7 +53,7 @@ class DayResult:
 @dataclass
 class RunSummary:
     days: list[DayResult]
-    teacher_failures: list[str] = field(default_factory=list)  # days after which a due retrain failed
+    teacher_failures: list[str] = field(default_factory=list)  # days before which a due retrain failed
 
     @property
     def ok(self) -> bool:
