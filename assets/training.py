@@ -54,6 +54,7 @@ class ModelSizeConfig(dg.Config):
     max_steps: int = 400          # caps a day's training on large worlds
     token_budget: int = 2048      # small packed batches: more optimizer steps per day of data
     lr: float = 3e-3
+    id_dropout: float = 0.0       # see BackboneConfig.id_dropout; the teacher sets its own
     seed: int = 0
     torch_threads: int = int(settings.env("GENRANK_TORCH_THREADS", "1"))  # >1 thrashes on shared cores
     ckpt_every: int = 50          # steps between resumable checkpoints
@@ -70,14 +71,16 @@ def _teacher_config(size: ModelSizeConfig):
     from models import BackboneConfig, TeacherConfig
 
     return TeacherConfig(features=_feature_config(size), max_len=size.max_len,
-                         backbone=BackboneConfig(d_model=size.d_model, n_layers=size.teacher_layers, n_heads=size.n_heads))
+                         backbone=BackboneConfig(d_model=size.d_model, n_layers=size.teacher_layers, n_heads=size.n_heads,
+                                                  id_dropout=size.id_dropout))
 
 
 def _student_config(size: ModelSizeConfig):
     from models import BackboneConfig, StudentConfig
 
     return StudentConfig(features=_feature_config(size), max_len=size.max_len,
-                         backbone=BackboneConfig(d_model=size.d_model, n_layers=size.student_layers, n_heads=size.n_heads))
+                         backbone=BackboneConfig(d_model=size.d_model, n_layers=size.student_layers, n_heads=size.n_heads,
+                                                  id_dropout=size.id_dropout))
 
 
 def _train_config(size: ModelSizeConfig):
@@ -121,6 +124,9 @@ def _flat_metrics(prefix: str, metrics: dict) -> dict[str, float]:
 
 class TeacherTrainingConfig(ModelSizeConfig):
     window_days: int = 7   # trailing days of training samples (the newest one validates when > 1)
+    # Without it the 4-layer teacher peaked after 5 epochs on demo days 1-5 and fell to 0.74/0.70/0.74 on
+    # days 6-8 by epoch 8; with it epochs 7-9 hold 0.78/0.76/0.80 (benchmarks/RESULTS.md, "The teacher").
+    id_dropout: float = 0.5
     token_budget: int = 4096
     max_steps: int = 800
     force: bool = False    # retrain even if a teacher exists for the same data and code

@@ -61,6 +61,11 @@ class BackboneConfig:
     n_heads: int = 4             # CADET: 4 heads
     mlp_ratio: float = 2.0       # TM20K: SwiGLU 1024 for hidden 512
     dropout: float = 0.0
+    # ours: in training, each token's ad/item, campaign and advertiser ids are nulled with this probability
+    # (category, brand and the outcome fields stay). On the demo world a model otherwise memorises ids
+    # before it learns to match a candidate against the history, and its out-of-time AUC falls after a
+    # few epochs (benchmarks/RESULTS.md, "The teacher").
+    id_dropout: float = 0.0
     input_gate: bool = True      # CADET self-gate before attention
     qk_gate: bool = True         # CADET gates on projected Q and K
     qk_norm: bool = True         # TM20K: QK-norm, needed for late-training stability

@@ -46,6 +46,7 @@ log = logging.getLogger("genrank.models.data")
 # token feature columns
 F_ITEM, F_CAMPAIGN, F_ADV, F_CAT, F_BRAND, F_SURFACE, F_DEVICE, F_TYPE, F_ACTION, F_POS, F_CTYPE, F_DWELL, F_HOUR = range(13)
 N_FIELDS = 13
+ID_FIELDS = (F_ITEM, F_CAMPAIGN, F_ADV)  # high-cardinality ids a model can memorise (BackboneConfig.id_dropout)
 # token types
 TT_IMP_CONTENT, TT_IMP_ACTION, TT_BEHAVIOR, TT_CANDIDATE, TT_IMP_EVENT = 1, 2, 3, 4, 5
 N_TOKEN_TYPES = 8

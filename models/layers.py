@@ -9,21 +9,28 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import BackboneConfig, FeatureConfig, RoPEConfig
-from .data import field_vocab
+from .data import ID_FIELDS, field_vocab
 from .kernels import interval_attention
 
 
 class TokenEmbedding(nn.Module):
-    """Sum of one embedding per feature column, all fields in one table (row 0 of a field = null)."""
+    """Sum of one embedding per feature column, all fields in one table (row 0 of a field = null).
+    id_dropout: in training, the probability that a token's memorising ids (ID_FIELDS) read as null."""
 
-    def __init__(self, fc: FeatureConfig, d: int):
+    def __init__(self, fc: FeatureConfig, d: int, id_dropout: float = 0.0):
         super().__init__()
+        self.id_dropout = id_dropout
         vocab = field_vocab(fc)
         self.register_buffer("offsets", torch.tensor([0] + list(torch.tensor(vocab).cumsum(0)[:-1]), dtype=torch.long), persistent=False)
         self.table = nn.Embedding(int(sum(vocab)), d)
         nn.init.normal_(self.table.weight, std=0.02)
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        if self.training and self.id_dropout > 0:
+            dropped = torch.rand(feats.shape[0], 1, device=feats.device) < self.id_dropout
+            is_id = torch.zeros(feats.shape[1], dtype=torch.bool, device=feats.device)
+            is_id[list(ID_FIELDS)] = True
+            feats = feats.masked_fill(dropped & is_id, 0)
         return self.table(feats + self.offsets).sum(1)
 
 

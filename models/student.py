@@ -49,7 +49,7 @@ class Student(nn.Module):
         super().__init__()
         self.cfg = cfg
         b = cfg.backbone
-        self.embed = TokenEmbedding(cfg.features, b.d_model)
+        self.embed = TokenEmbedding(cfg.features, b.d_model, b.id_dropout)
         self.blocks = nn.ModuleList([Block(b) for _ in range(b.n_layers)])
         self.rope = RoPE(cfg.rope, b.d_model // b.n_heads)
         self.main_head = BucketHeads(b.d_model, b.n_buckets, b.prior_ctr)

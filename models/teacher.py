@@ -17,7 +17,7 @@ class Teacher(nn.Module):
         super().__init__()
         self.cfg = cfg
         b = cfg.backbone
-        self.embed = TokenEmbedding(cfg.features, b.d_model)
+        self.embed = TokenEmbedding(cfg.features, b.d_model, b.id_dropout)
         self.blocks = nn.ModuleList([Block(b) for _ in range(b.n_layers)])
         self.rope = RoPE(cfg.rope, b.d_model // b.n_heads)
         self.heads = BucketHeads(b.d_model, b.n_buckets, b.prior_ctr)

@@ -105,3 +105,25 @@ def test_presets_build(name):
     assert s.backbone == t.backbone  # TM20K: same architecture, fewer tokens
     if name != "large":
         Teacher(t), Student(s)
+
+
+def test_id_dropout_nulls_only_the_memorising_ids_and_only_in_training():
+    from models import FeatureConfig
+    from models.data import ID_FIELDS, N_FIELDS
+    from models.layers import TokenEmbedding
+
+    torch.manual_seed(0)
+    feats = torch.randint(1, 8, (400, N_FIELDS))  # inside every field's vocabulary
+    never, always = TokenEmbedding(FeatureConfig(), 16, 0.0), TokenEmbedding(FeatureConfig(), 16, 1.0)
+    always.load_state_dict(never.state_dict())
+    without_ids = feats.clone()
+    without_ids[:, list(ID_FIELDS)] = 0
+    assert torch.equal(always.train()(feats), never(without_ids))
+    assert torch.equal(always.eval()(feats), never(feats))  # serving never drops
+    half = TokenEmbedding(FeatureConfig(), 16, 0.5)
+    half.load_state_dict(never.state_dict())
+    out = half.train()(feats)
+    dropped = torch.isclose(out, never(without_ids)).all(1)
+    kept = torch.isclose(out, never(feats)).all(1)
+    assert (dropped ^ kept).all()  # a token loses all three ids or none
+    assert 0.35 < dropped.float().mean() < 0.65
