@@ -123,7 +123,7 @@ def _flat_metrics(prefix: str, metrics: dict) -> dict[str, float]:
 # ----------------------------------------------------------------------------------------- teacher
 
 class TeacherTrainingConfig(ModelSizeConfig):
-    window_days: int = 7   # trailing days of training samples (the newest one validates when > 1)
+    window_days: int = 7   # trailing days of training samples; every one trains (see teacher_model)
     # Without it the 4-layer teacher peaked after 5 epochs on demo days 1-5 and fell to 0.74/0.70/0.74 on
     # days 6-8 by epoch 8; with it epochs 7-9 hold 0.78/0.76/0.80 (benchmarks/RESULTS.md, "The teacher").
     id_dropout: float = 0.5
