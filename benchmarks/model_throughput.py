@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 import torch  # noqa: E402
 
 from models.config import BackboneConfig, FeatureConfig, StudentConfig, TeacherConfig  # noqa: E402
-from models.data import StudentTokens, Targets, collate, iter_samples, student_tokens, teacher_tokens  # noqa: E402
+from models.data import collate, iter_samples, student_tokens, teacher_tokens  # noqa: E402
 from models.metrics import effective_lengths  # noqa: E402
 from models.student import Student  # noqa: E402
 from models.synthetic import write_training_samples  # noqa: E402
@@ -124,12 +124,7 @@ def main():
             each = []
             t0 = time.perf_counter()
             for i in range(n_each):
-                tg = full.targets
-                ti = Targets(*[getattr(tg, f)[i:i + 1] for f in ("bucket", "label", "click_type", "log_dwell", "teacher_p",
-                                                                  "impression_id", "user_id")])
-                single = StudentTokens(full.ev_feats, full.ev_group, full.hist_ts, full.cand_feats[i:i + 1],
-                                       full.cand_ts[i:i + 1], ti, full.n_events)
-                each.append(model(collate([single]))["logits"])
+                each.append(model(collate([full.with_candidates(slice(i, i + 1))]))["logits"])
             t_each = (time.perf_counter() - t0) * N / n_each
         diff = float((torch.cat(each) - one[:n_each]).abs().max())
         res["scoring"] = {"N": N, "history_groups": full.n_groups, "one_pass_s": t_one, "per_candidate_total_s": t_each,

@@ -6,11 +6,14 @@ Graph inputs (one request; every length dynamic):
     hist_ts    int64 (G,)    every group's newest member time (ms)
     cand_feats int64 (N, F)  the candidates' content features
     cand_ts    int64 (N,)    the request time of every candidate (ms)
+    cand_cross float32 (N, C) the candidates' cross features (models.data.cross_counts); only for a student
+                             that has them (FeatureConfig.cross_windows_days not empty)
 Output:
     probs      float32 (N, K) P(click | the ad is shown in position bucket k), the main (label) tower
 
-LITM and PATM merges run before the graph, in ``models.data.request_tokens``, exactly as at training
-time (they are id-equality and age rules over numpy arrays, not tensor maths); the group sums, LPTM's
+LITM and PATM merges and the cross-feature counts run before the graph, in ``models.data.request_tokens``,
+exactly as at training time (id-equality, age and counting rules over numpy arrays, not tensor maths);
+the group sums, LPTM's
 pair sums, the interval mask (history causal; candidates see the history visible at request time minus
 the delay and themselves, never each other) and time RoPE are all inside the graph, built from the
 inputs with standard ONNX ops, so onnxruntime needs no custom op.
@@ -35,6 +38,7 @@ from models.data import StudentTokens, collate_student
 from models.student import Student
 
 INPUT_NAMES = ("ev_feats", "ev_group", "hist_ts", "cand_feats", "cand_ts")
+CROSS_INPUT = "cand_cross"
 ONNX_FILE, CONFIG_FILE = "model.onnx", "serving.json"
 OUTPUT_NAME = "probs"
 OPSET = 18
@@ -83,11 +87,14 @@ class RequestScorer(nn.Module):
             0, dst, ts, "amax", include_self=True)
         return x2, t2
 
-    def forward(self, ev_feats, ev_group, hist_ts, cand_feats, cand_ts):
+    def input_names(self) -> list[str]:
+        return list(INPUT_NAMES) + ([CROSS_INPUT] if self.student.cross is not None else [])
+
+    def forward(self, ev_feats, ev_group, hist_ts, cand_feats, cand_ts, cand_cross=None):
         s = self.student
         e = s.embed(ev_feats)
         xh = torch.zeros(hist_ts.shape[0], e.shape[1], dtype=e.dtype).index_add(0, ev_group, e)
-        xc = s.embed(cand_feats)
+        xc = s.embed_candidates(cand_feats, cand_cross)
         cut = cand_ts - s.delay_ms(serving=True)
         merges = s.merge_layers()
         x = torch.cat([xh, xc])
@@ -116,9 +123,12 @@ def request_arrays(tokens: StudentTokens) -> dict[str, np.ndarray]:
         ev_feats = np.zeros((1, tokens.cand_feats.shape[1]), np.int64)
         ev_group = np.zeros(1, np.int64)
         hist_ts = np.array([int(tokens.cand_ts.max()) + 1], np.int64)
-    return {"ev_feats": ev_feats.astype(np.int64), "ev_group": ev_group.astype(np.int64),
-            "hist_ts": hist_ts.astype(np.int64), "cand_feats": tokens.cand_feats.astype(np.int64),
-            "cand_ts": tokens.cand_ts.astype(np.int64)}
+    arrays = {"ev_feats": ev_feats.astype(np.int64), "ev_group": ev_group.astype(np.int64),
+              "hist_ts": hist_ts.astype(np.int64), "cand_feats": tokens.cand_feats.astype(np.int64),
+              "cand_ts": tokens.cand_ts.astype(np.int64)}
+    if tokens.cand_cross.shape[1]:
+        arrays[CROSS_INPUT] = tokens.cand_cross.astype(np.float32)
+    return arrays
 
 
 def torch_probs(student: Student, tokens: StudentTokens) -> np.ndarray:
@@ -129,7 +139,7 @@ def torch_probs(student: Student, tokens: StudentTokens) -> np.ndarray:
 
 def _example(student: Student) -> tuple[torch.Tensor, ...]:
     """A request whose every dynamic length differs (and is > 1), so no dimension gets specialised."""
-    from models.data import N_FIELDS, field_vocab
+    from models.data import N_FIELDS, field_vocab, n_cross_features
 
     g = torch.Generator().manual_seed(0)
     vocab = torch.tensor(field_vocab(student.cfg.features))
@@ -137,7 +147,9 @@ def _example(student: Student) -> tuple[torch.Tensor, ...]:
     feats = lambda n: (torch.rand(n, N_FIELDS, generator=g) * (vocab - 1)).long() + 1  # noqa: E731
     group = torch.sort(torch.cat([torch.arange(G), torch.randint(0, G, (E - G,), generator=g)])).values
     hist_ts = torch.sort(torch.randint(0, 10 * 3_600_000, (G,), generator=g)).values
-    return feats(E), group, hist_ts, feats(N), torch.full((N,), 11 * 3_600_000, dtype=torch.long)
+    example = (feats(E), group, hist_ts, feats(N), torch.full((N,), 11 * 3_600_000, dtype=torch.long))
+    n_cross = n_cross_features(student.cfg.features)
+    return example + ((torch.rand(N, n_cross, generator=g) * 3,) if n_cross else ())
 
 
 def export_onnx(student: Student, path: str | os.PathLike) -> Path:
@@ -146,11 +158,14 @@ def export_onnx(student: Student, path: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     scorer = RequestScorer(student).eval()
     E, G, N = (torch.export.Dim(n, min=0) for n in ("events", "groups", "candidates"))
-    shapes = {"ev_feats": {0: E}, "ev_group": {0: E}, "hist_ts": {0: G}, "cand_feats": {0: N}, "cand_ts": {0: N}}
+    shapes = {"ev_feats": {0: E}, "ev_group": {0: E}, "hist_ts": {0: G}, "cand_feats": {0: N}, "cand_ts": {0: N},
+              CROSS_INPUT: {0: N}}
+    names = scorer.input_names()
     tmp = path.with_name(f".{path.name}.tmp")
     with torch.no_grad():
-        program = torch.onnx.export(scorer, _example(student), dynamo=True, input_names=list(INPUT_NAMES),
-                                    output_names=[OUTPUT_NAME], dynamic_shapes=shapes, opset_version=OPSET,
+        program = torch.onnx.export(scorer, _example(student), dynamo=True, input_names=names,
+                                    output_names=[OUTPUT_NAME], dynamic_shapes={n: shapes[n] for n in names},
+                                    opset_version=OPSET,
                                     external_data=False, verbose=False)
     program.save(str(tmp), external_data=False)
     tmp.replace(path)
@@ -236,8 +251,9 @@ def write_bundle(student: Student, folder: str | os.PathLike) -> ServingBundle:
     folder = Path(folder)
     onnx_path = export_onnx(student, folder / ONNX_FILE)
     cfg_path = folder / CONFIG_FILE
-    cfg_path.write_text(json.dumps({"student_config": to_dict(student.cfg), "inputs": list(INPUT_NAMES),
-                                    "output": OUTPUT_NAME, "opset": OPSET}, indent=1))
+    inputs = RequestScorer(student).input_names()
+    cfg_path.write_text(json.dumps({"student_config": to_dict(student.cfg), "inputs": inputs, "output": OUTPUT_NAME,
+                                    "opset": OPSET}, indent=1))
     return ServingBundle(onnx_path, cfg_path)
 
 

@@ -30,7 +30,7 @@ import glob
 import logging
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from .config import FeatureConfig
+from .config import HOUR_MS, FeatureConfig
 
 DAY_MS = 86_400_000
 log = logging.getLogger("genrank.models.data")
@@ -309,6 +309,52 @@ def _action_feats(s: Sample, idx: np.ndarray, fc: FeatureConfig) -> np.ndarray:
     return f
 
 
+# ----------------------------------------------------------------------------- cross features
+
+CROSS_MATCH_FIELDS = (None, F_ITEM, F_CAT, F_BRAND)  # None = any event (the user's activity per action)
+CROSS_ACTIONS = (1, 2, 3, 4, A_NOCLICK, A_CLICK)     # view, cart, fav, buy, impression without / with click
+
+
+def n_cross_features(fc: FeatureConfig) -> int:
+    return len(CROSS_MATCH_FIELDS) * len(CROSS_ACTIONS) * len(fc.cross_windows_days)
+
+
+def cross_counts(ev_feats: np.ndarray, ev_ts: np.ndarray, q_feats: np.ndarray, q_cut: np.ndarray,
+                 fc: FeatureConfig) -> np.ndarray:
+    """MTGR's target-side cross features (FeatureConfig.cross_windows_days), (Q, n_cross_features) float32:
+    for every scored token q and every (match field m, action a, window w), log1p of the number of events e
+    with action a, the same hashed m as q (any event for m = None; 0 if q's m is null) and
+    q_cut - w < ts_e <= q_cut. q_cut is the scored impression's time minus the serving delay, so a counter
+    sees exactly what serving sees. Events are token rows whose F_ACTION is an outcome (a teacher's
+    content tokens carry none and count nothing). Exact, O((E + Q) log E) per field: events are sorted by
+    (field, action, time) once and every counter is two binary searches."""
+    windows = [int(round(w * DAY_MS)) for w in fc.cross_windows_days]
+    Q, A = len(q_cut), len(CROSS_ACTIONS)
+    out = np.zeros((Q, len(CROSS_MATCH_FIELDS), A, len(windows)), np.float32)
+    code = np.full(N_ACTIONS, -1, np.int64)
+    code[list(CROSS_ACTIONS)] = np.arange(A)
+    ev_code = code[ev_feats[:, F_ACTION]]
+    keep = ev_code >= 0
+    if Q == 0 or not keep.any() or not windows:
+        return out.reshape(Q, n_cross_features(fc))
+    ts, ev_code, ev_feats = ev_ts[keep], ev_code[keep], ev_feats[keep]
+    t0 = int(ts.min())
+    span = int(ts.max()) - t0
+    R = span + 2  # one time slot per ms, plus the "before every event" slot of each key
+    for m, col in enumerate(CROSS_MATCH_FIELDS):
+        f = np.ones(len(ts), np.int64) if col is None else ev_feats[:, col]
+        qf = np.ones(Q, np.int64) if col is None else q_feats[:, col]
+        sorted_keys = np.sort((f * A + ev_code) * R + (ts - t0))
+        for a in range(A):
+            base = (qf * A + a) * R
+            # clipped to -1, a bound lands just before the key's first event (the previous key ends at R - 2)
+            newest = np.searchsorted(sorted_keys, base + np.clip(q_cut - t0, -1, span), side="right")
+            for w, width in enumerate(windows):
+                oldest = np.searchsorted(sorted_keys, base + np.clip(q_cut - width - t0, -1, span), side="right")
+                out[:, m, a, w] = np.where(qf > 0, newest - oldest, 0)
+    return np.log1p(out).reshape(Q, n_cross_features(fc))
+
+
 @dataclass
 class Targets:
     """Per target impression (concatenated over a batch)."""
@@ -343,6 +389,7 @@ class TeacherTokens:
     feats: np.ndarray     # (T, F)
     ts: np.ndarray        # (T,)
     is_target: np.ndarray  # (T,) content tokens of target impressions
+    cross: np.ndarray     # (n_targets, n_cross_features) the targets' cross features (cross_counts)
     targets: Targets
     n_events: int
 
@@ -351,9 +398,10 @@ class TeacherTokens:
         return int(self.ts.shape[0])
 
 
-def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int) -> TeacherTokens:
+def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int, delay_ms: int = HOUR_MS) -> TeacherTokens:
     """Interleaved (content, action) tokens for impressions, one token per behavior, in time order.
-    The oldest non-target events are dropped until the sequence fits max_tokens."""
+    The oldest non-target events are dropped until the sequence fits max_tokens. delay_ms: the serving
+    delay the targets' cross features are counted under."""
     tgt = _valid_targets(s)
     cost = np.where(s.is_imp, 2, 1)
     keep = np.ones(s.n_events, bool)
@@ -388,7 +436,9 @@ def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int) -> TeacherToke
     is_target = np.zeros(T, bool)
     tmask = tgt[ev]
     is_target[starts[tmask]] = True
-    return TeacherTokens(feats=feats, ts=ts, is_target=is_target, targets=Targets.of(s, ev[tmask]), n_events=len(ev))
+    cross = cross_counts(feats, ts, feats[is_target], ts[is_target] - delay_ms, fc)
+    return TeacherTokens(feats=feats, ts=ts, is_target=is_target, cross=cross, targets=Targets.of(s, ev[tmask]),
+                         n_events=len(ev))
 
 
 # ----------------------------------------------------------------------------- student merges
@@ -435,16 +485,24 @@ def patm_groups(n: int, max_len: int, bounds: Sequence[float], factors: Sequence
 @dataclass
 class StudentTokens:
     ev_feats: np.ndarray    # (Ne, F) history events (before merging)
+    ev_ts: np.ndarray       # (Ne,) event time
     ev_group: np.ndarray    # (Ne,) group index within the sample
     hist_ts: np.ndarray     # (G,) newest member time of every group
     cand_feats: np.ndarray  # (Nc, F)
     cand_ts: np.ndarray     # (Nc,) request time
+    cand_cross: np.ndarray  # (Nc, n_cross_features) the candidates' cross features (cross_counts)
     targets: Targets
     n_events: int
 
     @property
     def n_groups(self) -> int:
         return int(self.hist_ts.shape[0])
+
+    def with_candidates(self, idx) -> "StudentTokens":
+        """The same history with only the candidates ``idx`` (a slice or an index array)."""
+        tg = self.targets
+        return replace(self, cand_feats=self.cand_feats[idx], cand_ts=self.cand_ts[idx], cand_cross=self.cand_cross[idx],
+                       targets=Targets(*[getattr(tg, f.name)[idx] for f in fields(Targets)]))
 
     @property
     def n_tokens(self) -> int:
@@ -453,9 +511,10 @@ class StudentTokens:
 
 def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True, litm_T: int = 3,
                    patm: bool = True, patm_bounds=(0.05, 0.25, 0.5, 1.0), patm_factors=(1, 2, 3, 4),
-                   max_tokens: int | None = None) -> StudentTokens:
+                   max_tokens: int | None = None, delay_ms: int = HOUR_MS) -> StudentTokens:
     """History = the newest max_len events (content + outcome in one token), merged LITM -> PATM;
-    candidates = the sample's target impressions (content only, never merged)."""
+    candidates = the sample's target impressions (content only, never merged), with their cross features
+    counted over that history under the serving delay delay_ms."""
     tgt_idx = np.flatnonzero(_valid_targets(s))
     hist = np.arange(s.n_events)[-max_len:] if max_len else np.arange(s.n_events)
     if max_tokens is not None and len(tgt_idx) > max_tokens:
@@ -477,8 +536,10 @@ def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True
         G -= drop
     hts = np.full(G, np.iinfo(np.int64).min, np.int64)
     np.maximum.at(hts, g, s.ts[hist])
-    return StudentTokens(ev_feats=feats, ev_group=g, hist_ts=hts, cand_feats=_content_feats(s, tgt_idx, TT_CANDIDATE),
-                         cand_ts=s.ts[tgt_idx], targets=Targets.of(s, tgt_idx), n_events=len(hist))
+    cand_feats, cand_ts = _content_feats(s, tgt_idx, TT_CANDIDATE), s.ts[tgt_idx]
+    return StudentTokens(ev_feats=feats, ev_ts=s.ts[hist], ev_group=g, hist_ts=hts, cand_feats=cand_feats,
+                         cand_ts=cand_ts, cand_cross=cross_counts(feats, s.ts[hist], cand_feats, cand_ts - delay_ms, fc),
+                         targets=Targets.of(s, tgt_idx), n_events=len(hist))
 
 
 def sample_from_frame(events: pd.DataFrame, fc: FeatureConfig, date: str = "") -> Sample:
@@ -501,10 +562,11 @@ def request_tokens(history: Sample, candidates: Sample, cfg) -> StudentTokens:
     of ``candidates`` becomes a content-only candidate token at its own time (the request time)."""
     hist = replace(history, is_target=np.zeros(history.n_events, bool))
     h = student_tokens(hist, cfg.features, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds,
-                       cfg.patm_factors)
+                       cfg.patm_factors, delay_ms=cfg.mask.delay_ms)
     idx = np.arange(candidates.n_events)
-    return replace(h, cand_feats=_content_feats(candidates, idx, TT_CANDIDATE), cand_ts=candidates.ts[idx],
-                   targets=Targets.of(candidates, idx))
+    cand_feats, cand_ts = _content_feats(candidates, idx, TT_CANDIDATE), candidates.ts[idx]
+    cross = cross_counts(h.ev_feats, h.ev_ts, cand_feats, cand_ts - cfg.mask.delay_ms, cfg.features)
+    return replace(h, cand_feats=cand_feats, cand_ts=cand_ts, cand_cross=cross, targets=Targets.of(candidates, idx))
 
 
 # ----------------------------------------------------------------------------- batches
@@ -538,6 +600,7 @@ def collate_teacher(toks: list[TeacherTokens]) -> Batch:
     tens = dict(feats=torch.from_numpy(np.concatenate([t.feats for t in toks])),
                 ts=torch.from_numpy(np.concatenate([t.ts for t in toks])),
                 is_target=torch.from_numpy(np.concatenate([t.is_target for t in toks])),
+                cross=torch.from_numpy(np.concatenate([t.cross for t in toks])),
                 offsets=torch.from_numpy(offsets))
     return Batch("teacher", Targets.cat([t.targets for t in toks]), int(sum(t.n_events for t in toks)), tens)
 
@@ -551,6 +614,7 @@ def collate_student(toks: list[StudentTokens]) -> Batch:
                 hist_len=torch.from_numpy(hl),
                 cand_feats=torch.from_numpy(np.concatenate([t.cand_feats for t in toks])),
                 cand_ts=torch.from_numpy(np.concatenate([t.cand_ts for t in toks])),
+                cand_cross=torch.from_numpy(np.concatenate([t.cand_cross for t in toks])),
                 cand_len=torch.from_numpy(np.array([len(t.cand_ts) for t in toks], np.int64)),
                 ev_len=torch.from_numpy(np.array([t.n_events for t in toks], np.int64)))
     return Batch("student", Targets.cat([t.targets for t in toks]), int(sum(t.n_events for t in toks)), tens)
@@ -561,10 +625,10 @@ def collate(toks: list) -> Batch:
 
 
 def without_history(t: StudentTokens) -> StudentTokens:
-    """The same candidates with no history tokens (StudentConfig.use_history=False)."""
+    """The same candidates with no history tokens (StudentConfig.use_history=False), so no cross counts."""
     F = t.ev_feats.shape[1]
-    return replace(t, ev_feats=np.zeros((0, F), np.int64), ev_group=np.zeros(0, np.int64),
-                   hist_ts=np.zeros(0, np.int64), n_events=0)
+    return replace(t, ev_feats=np.zeros((0, F), np.int64), ev_ts=np.zeros(0, np.int64), ev_group=np.zeros(0, np.int64),
+                   hist_ts=np.zeros(0, np.int64), cand_cross=np.zeros_like(t.cand_cross), n_events=0)
 
 
 def with_candidate_positions(t: StudentTokens, s: Sample, fc: FeatureConfig) -> StudentTokens:
@@ -583,11 +647,11 @@ def tokenizer_for(kind: str, cfg):
     """Sample -> tokens for a TeacherConfig / StudentConfig, with max_tokens = the budget."""
     fc = cfg.features
     if kind == "teacher":
-        return lambda s, budget: teacher_tokens(s, fc, min(cfg.max_len, budget))
+        return lambda s, budget: teacher_tokens(s, fc, min(cfg.max_len, budget), cfg.mask.delay_ms)
 
     def student(s: Sample, budget: int) -> StudentTokens:
         t = student_tokens(s, fc, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds, cfg.patm_factors,
-                           max_tokens=budget)
+                           max_tokens=budget, delay_ms=cfg.mask.delay_ms)
         if not getattr(cfg, "use_history", True):
             t = without_history(t)
         if getattr(cfg, "position_input", False):

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import BackboneConfig, FeatureConfig, RoPEConfig
-from .data import ID_FIELDS, field_vocab
+from .data import ID_FIELDS, field_vocab, n_cross_features
 from .kernels import interval_attention
 
 
@@ -32,6 +32,27 @@ class TokenEmbedding(nn.Module):
             is_id[list(ID_FIELDS)] = True
             feats = feats.masked_fill(dropped & is_id, 0)
         return self.table(feats + self.offsets).sum(1)
+
+
+class CrossFeatures(nn.Module):
+    """The scored tokens' cross features (data.cross_counts, MTGR) into the residual stream: a small MLP
+    whose output layer starts at zero (LazFormer's zero-initialised adapter for ranking-only features),
+    so at initialisation the model is the sequence model alone. None when the features are off."""
+
+    def __init__(self, n_in: int, d: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(n_in, d), nn.SiLU(), nn.Linear(d, d))
+
+    @staticmethod
+    def maybe(fc: FeatureConfig, d: int) -> "CrossFeatures | None":
+        n = n_cross_features(fc)
+        return CrossFeatures(n, d) if n else None
+
+    def reset_adapter(self) -> None:
+        nn.init.zeros_(self.net[-1].weight)
+
+    def forward(self, cross):
+        return self.net(cross)
 
 
 class RMSNorm(nn.Module):
@@ -213,3 +234,5 @@ def init_weights(module: nn.Module):
     for m in module.modules():
         if isinstance(m, BucketHeads):
             m.reset_prior()
+        elif isinstance(m, CrossFeatures):
+            m.reset_adapter()

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .config import StudentConfig
 from .data import F_POS, Batch
-from .layers import (AuxHeads, Block, BucketHeads, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum, gather_bucket,
+from .layers import (AuxHeads, Block, BucketHeads, CrossFeatures, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum, gather_bucket,
                      init_weights, rope_positions)
 from .masks import candidate_bounds, lengths_to_offsets, seq_index
 
@@ -50,6 +50,7 @@ class Student(nn.Module):
         self.cfg = cfg
         b = cfg.backbone
         self.embed = TokenEmbedding(cfg.features, b.d_model, b.id_dropout)
+        self.cross = CrossFeatures.maybe(cfg.features, b.d_model)
         self.blocks = nn.ModuleList([Block(b) for _ in range(b.n_layers)])
         self.rope = RoPE(cfg.rope, b.d_model // b.n_heads)
         self.main_head = BucketHeads(b.d_model, b.n_buckets, b.prior_ctr)
@@ -73,6 +74,10 @@ class Student(nn.Module):
         G = int(t["hist_len"].sum())
         return torch.zeros(G, e.shape[1], dtype=e.dtype, device=e.device).index_add(0, t["ev_group"], e)
 
+    def embed_candidates(self, feats: torch.Tensor, cross: torch.Tensor) -> torch.Tensor:
+        x = self.embed(feats)
+        return x if self.cross is None else x + self.cross(cross).to(x.dtype)
+
     def candidate_feats(self, batch: Batch, serving: bool) -> torch.Tensor:
         """Candidate token features. With cfg.position_input (CADET's position-as-input baseline) the
         F_POS column carries the real position in training and cfg.serving_position when serving;
@@ -87,7 +92,7 @@ class Student(nn.Module):
         t = batch.tensors
         m = self.cfg.mask
         xh = self.embed_history(batch)
-        xc = self.embed(self.candidate_feats(batch, serving))
+        xc = self.embed_candidates(self.candidate_feats(batch, serving), t["cand_cross"])
         hts, hlen, clen, cts = t["hist_ts"], t["hist_len"], t["cand_len"], t["cand_ts"]
         if not self.cfg.use_history:  # no-history baseline: whatever history the batch holds is dropped
             xh, hts, hlen = xh[:0], hts[:0], torch.zeros_like(hlen)

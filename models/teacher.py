@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from .config import TeacherConfig
 from .data import Batch
-from .layers import AuxHeads, Block, BucketHeads, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum, init_weights, rope_positions
+from .layers import AuxHeads, Block, BucketHeads, CrossFeatures, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum, init_weights, rope_positions
 from .masks import teacher_bounds
 
 
@@ -18,6 +18,7 @@ class Teacher(nn.Module):
         self.cfg = cfg
         b = cfg.backbone
         self.embed = TokenEmbedding(cfg.features, b.d_model, b.id_dropout)
+        self.cross = CrossFeatures.maybe(cfg.features, b.d_model)
         self.blocks = nn.ModuleList([Block(b) for _ in range(b.n_layers)])
         self.rope = RoPE(cfg.rope, b.d_model // b.n_heads)
         self.heads = BucketHeads(b.d_model, b.n_buckets, b.prior_ctr)
@@ -36,6 +37,8 @@ class Teacher(nn.Module):
     def forward(self, batch: Batch, serving: bool = True) -> dict[str, torch.Tensor]:
         t = batch.tensors
         x = self.embed(t["feats"])
+        if self.cross is not None:
+            x = x.index_add(0, torch.nonzero(t["is_target"]).squeeze(1), self.cross(t["cross"]).to(x.dtype))
         lo, hi = self.bounds(batch, serving)
         cs = self.rope.angles(rope_positions(self.cfg.rope, t["ts"], t["offsets"]))
         for blk in self.blocks:

@@ -6,7 +6,7 @@ import torch
 
 from mt_util import tiny_student, tiny_teacher
 from models.config import RoPEConfig, YEAR_S
-from models.data import PackedLoader, StudentTokens, Targets, collate, iter_samples, student_tokens
+from models.data import PackedLoader, collate, iter_samples, student_tokens
 from models.layers import RoPE
 from models.student import Student
 from models.teacher import Teacher
@@ -87,12 +87,7 @@ def test_one_masked_pass_equals_one_pass_per_candidate(samples_dir):
         one = model(collate([full]))["logits"]
         each = []
         for i in range(len(full.cand_ts)):
-            tg = full.targets
-            ti = Targets(*[getattr(tg, f)[i:i + 1] for f in ("bucket", "label", "click_type", "log_dwell", "teacher_p",
-                                                              "impression_id", "user_id")])
-            single = StudentTokens(full.ev_feats, full.ev_group, full.hist_ts, full.cand_feats[i:i + 1],
-                                   full.cand_ts[i:i + 1], ti, full.n_events)
-            each.append(model(collate([single]))["logits"])
+            each.append(model(collate([full.with_candidates(slice(i, i + 1))]))["logits"])
     assert torch.allclose(torch.cat(each), one, atol=1e-5)
 
 
