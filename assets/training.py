@@ -278,7 +278,7 @@ class StudentTrainingConfig(ModelSizeConfig):
                       "and the cached teacher probabilities; registered as genrank-ctr with alias 'challenger'.")
 def student_candidate(context: dg.AssetExecutionContext, config: StudentTrainingConfig, paths: GenrankPaths,
                       mlflow: MlflowResource) -> dg.MaterializeResult:
-    from models import predict, save_model, train_student
+    from models import load_model, predict, save_model, train_student
 
     day = context.partition_key
     samples = _samples(paths, day)
@@ -293,24 +293,28 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
     previous = _newest_candidate_before(r, day)
     r.ensure_registered(reg.CTR, "The served CTR student (TM20K-style token merging, dual-head distillation).")
     exp = r.experiment_id(reg.CTR)
+    student_cfg = _student_config(config)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        init = r.checkpoint(reg.CTR, previous.version, tmp / "init") if previous is not None else None
+        init = load_model(str(r.checkpoint(reg.CTR, previous.version, tmp / "init"))) if previous is not None else None
+        if init is not None and init.cfg != student_cfg:
+            # A release that changes the student (its features, sizes, merges) cannot reuse older weights.
+            context.log.warning(f"candidate v{previous.version} has another student config: {day} starts cold")
+            init, previous = None, None
         train_samples = samples
         if config.shuffle_labels:
             train_samples = _shuffled_labels(samples, tmp / "shuffled", config.seed)
         started = time.perf_counter()
         ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
         # Many passes over one day overfit a warm-started model (over-confident, log-loss climbs day after day).
-        train_cfg = dataclasses.replace(_train_config(config), epochs=config.warm_epochs if init else config.epochs)
-        result = train_student(str(train_samples), logits[["impression_id", "p"]], _student_config(config),
-                               train_cfg, init_from=str(init) if init else None,
-                               ckpt_dir=str(ckpt_dir), resume=True)
+        train_cfg = dataclasses.replace(_train_config(config), epochs=config.warm_epochs if init is not None else config.epochs)
+        result = train_student(str(train_samples), logits[["impression_id", "p"]], student_cfg, train_cfg,
+                               init_from=init, ckpt_dir=str(ckpt_dir), resume=True)
         seconds = time.perf_counter() - started
         ckpt = Path(save_model(result.model, str(tmp / "student.pt"), metadata={"partition": day}))
         bundle = write_bundle(result.model, tmp / "serving")  # its parity is a gate of the next day's run
         run = r.client.create_run(exp, run_name=f"student-{day}", tags={"partition": day})
-        for k, v in dataclasses.asdict(_student_config(config)).items():
+        for k, v in dataclasses.asdict(student_cfg).items():
             r.client.log_param(run.info.run_id, k, str(v)[:500])
         for i, h in enumerate(result.history):
             if "loss" in h:

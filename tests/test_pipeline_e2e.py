@@ -153,3 +153,16 @@ def test_a_killed_training_run_resumes_and_leaves_nothing_behind(pipeline_run):
     assert not [p for p in (home / "lake").rglob(".tmp-*")]
     versions = [r.client.get_model_version(reg.CTR, v.version) for v in r.client.search_model_versions(f"name = '{reg.CTR}'")]
     assert [v.version for v in versions if "champion" in v.aliases] == [r.by_alias(reg.CTR, "champion").version]
+
+
+def test_a_changed_student_config_starts_cold_instead_of_loading_mismatched_weights(pipeline_run):
+    """A release that changes the student (here its depth) cannot warm-start from older candidates: the day
+    trains from scratch and says so, where loading the old weights would fail or silently mix models."""
+    home, report, _ = pipeline_run
+    day = report.days[-1]
+    changed = dg.materialize([training.student_candidate], partition_key=day, resources=_resources(home),
+                             run_config={"ops": {"student_candidate": {"config": {"force": True, "student_layers": 1}}}})
+    meta = changed.get_asset_materialization_events()[0].event_specific_data.materialization.metadata
+    assert meta["warm_start_from"].value == "none"
+    r = reg.default_registry(home)
+    assert r.client.get_model_version(reg.CTR, meta["version"].value).tags["warm_start_from"] == "none"
