@@ -51,6 +51,7 @@ class ModelSizeConfig(dg.Config):
     max_len: int = 1024
     item_buckets: int = 1 << 15
     epochs: int = 8
+    min_steps: int = 0            # see TrainConfig.min_steps
     max_steps: int = 400          # caps a day's training on large worlds
     token_budget: int = 2048      # small packed batches: more optimizer steps per day of data
     lr: float = 3e-3
@@ -60,36 +61,39 @@ class ModelSizeConfig(dg.Config):
     ckpt_every: int = 50          # steps between resumable checkpoints
 
 
-def _feature_config(size: ModelSizeConfig):
+def feature_config(size: ModelSizeConfig):
+    """The pipeline's hashed-id table sizes. feature_config / teacher_config / student_config are the models
+    the pipeline trains; the benchmarks that claim to measure "the pipeline's teacher" build them here."""
     from models import FeatureConfig
 
     return FeatureConfig(item_buckets=size.item_buckets, campaign_buckets=1 << 12, advertiser_buckets=1 << 11,
                          category_buckets=1 << 10, brand_buckets=1 << 12)
 
 
-def _teacher_config(size: ModelSizeConfig):
+def teacher_config(size: ModelSizeConfig):
     from models import BackboneConfig, TeacherConfig
 
-    return TeacherConfig(features=_feature_config(size), max_len=size.max_len,
+    return TeacherConfig(features=feature_config(size), max_len=size.max_len,
                          backbone=BackboneConfig(d_model=size.d_model, n_layers=size.teacher_layers, n_heads=size.n_heads,
                                                   id_dropout=size.id_dropout))
 
 
-def _student_config(size: ModelSizeConfig):
+def student_config(size: ModelSizeConfig):
     from models import BackboneConfig, StudentConfig
 
-    return StudentConfig(features=_feature_config(size), max_len=size.max_len,
+    return StudentConfig(features=feature_config(size), max_len=size.max_len,
                          backbone=BackboneConfig(d_model=size.d_model, n_layers=size.student_layers, n_heads=size.n_heads,
                                                   id_dropout=size.id_dropout))
 
 
-def _train_config(size: ModelSizeConfig):
+def train_config(size: ModelSizeConfig):
     from models import TrainConfig
 
     import torch
 
     torch.set_num_threads(size.torch_threads)
-    return TrainConfig(lr=size.lr, epochs=size.epochs, max_steps=size.max_steps, token_budget=size.token_budget,
+    return TrainConfig(lr=size.lr, epochs=size.epochs, min_steps=size.min_steps, max_steps=size.max_steps,
+                       token_budget=size.token_budget,
                        seed=size.seed, warmup_steps=5, log_every=1000, ckpt_every=size.ckpt_every)
 
 
@@ -124,10 +128,13 @@ def _flat_metrics(prefix: str, metrics: dict) -> dict[str, float]:
 
 class TeacherTrainingConfig(ModelSizeConfig):
     window_days: int = 7   # trailing days of training samples; every one trains (see teacher_model)
-    # With the cross features the teacher learns in 2-3 passes and then memorises: on demo days 1-5 it holds
-    # 0.85-0.86 on days 6-8 over epochs 3-5 and falls to 0.83-0.84 by epoch 9 (benchmarks/RESULTS.md,
-    # "The teacher"). Without cross features, id dropout was what stopped the fall; it stays.
+    # With the cross features the teacher learns after about 100 optimizer steps and memorises after 5 passes:
+    # trained on demo days 1-5 (77 steps a pass) it holds 0.85-0.86 on days 6-8 over epochs 3-5 and falls
+    # to 0.83-0.84 by epoch 9; the first teacher, on days 1-2 (18 steps a pass), is at 0.70-0.74 on days 3-5
+    # after 4 passes and 0.78-0.85 after 7 (benchmarks/RESULTS.md, "The teacher"). Hence 4 passes, more
+    # if that is under min_steps. Without cross features id dropout was what stopped the fall; it stays.
     epochs: int = 4
+    min_steps: int = 120
     id_dropout: float = 0.5
     token_budget: int = 4096
     max_steps: int = 800
@@ -151,13 +158,13 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConf
     if existing is not None and not config.force:
         r.client.set_registered_model_alias(reg.TEACHER, "current", existing.version)
         return dg.MaterializeResult(metadata={"version": existing.version, "reused": True, "window": f"{days[0]}..{days[-1]}"})
-    cfg = _teacher_config(config)
+    cfg = teacher_config(config)
     started = time.perf_counter()
     # A killed run resumes from its checkpoint; the checkpoint goes once the version is registered.
     ckpt_dir = paths.root / "checkpoints" / f"teacher-{fingerprint}-{code}"
     # Every day of the window trains: holding the newest out would leave the first teacher only the
     # first day, which has no history at all. Its out-of-time AUC is recorded per day by teacher_logits.
-    result = train_teacher([str(_samples(paths, d)) for d in days], cfg, _train_config(config),
+    result = train_teacher([str(_samples(paths, d)) for d in days], cfg, train_config(config),
                            ckpt_dir=str(ckpt_dir), resume=True)
     seconds = time.perf_counter() - started
     r.ensure_registered(reg.TEACHER, "Full-token CADET-style teacher; its cached logits distil the student.")
@@ -293,7 +300,7 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
     previous = _newest_candidate_before(r, day)
     r.ensure_registered(reg.CTR, "The served CTR student (TM20K-style token merging, dual-head distillation).")
     exp = r.experiment_id(reg.CTR)
-    student_cfg = _student_config(config)
+    student_cfg = student_config(config)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         init = load_model(str(r.checkpoint(reg.CTR, previous.version, tmp / "init"))) if previous is not None else None
@@ -307,7 +314,7 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         started = time.perf_counter()
         ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
         # Many passes over one day overfit a warm-started model (over-confident, log-loss climbs day after day).
-        train_cfg = dataclasses.replace(_train_config(config), epochs=config.warm_epochs if init is not None else config.epochs)
+        train_cfg = dataclasses.replace(train_config(config), epochs=config.warm_epochs if init is not None else config.epochs)
         result = train_student(str(train_samples), logits[["impression_id", "p"]], student_cfg, train_cfg,
                                init_from=init, ckpt_dir=str(ckpt_dir), resume=True)
         seconds = time.perf_counter() - started

@@ -131,6 +131,9 @@ class TrainConfig:
     grad_clip: float = 1.0        # ours
     token_budget: int = 16384     # tokens per (per-rank) packed batch; CADET: fixed token budget
     epochs: int = 1
+    # ours: passes continue beyond `epochs` until this many optimizer steps, so a small window still gets
+    # the updates a model needs before it has learnt anything (max_steps still caps)
+    min_steps: int = 0
     max_steps: int | None = None
     seed: int = 0
     shuffle_buffer: int = 256     # samples held for the streaming shuffle

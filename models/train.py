@@ -167,11 +167,11 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
             dist.barrier()
 
     epoch = epoch0
-    for epoch in range(epoch0, train.epochs):
-        if done:
-            break
+    while not done and (epoch < train.epochs or step < train.min_steps):
         core.train()
+        batches = 0
         for bi, gbatch in enumerate(loader.iter_epoch(epoch)):
+            batches += 1
             if epoch == epoch0 and bi < skip:
                 continue
             if len(gbatch) < world:  # cannot give every rank a sample (last batch): drop
@@ -221,6 +221,9 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
         else:
             skip = 0
             save_ckpt(epoch + 1, 0)
+        if not batches:  # nothing to train on: more passes cannot reach min_steps
+            break
+        epoch += 1
     if bar is not None:
         bar.close()
     res = TrainResult(model=core, step=step, history=history, throughput=thr.rates(),

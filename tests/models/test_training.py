@@ -107,6 +107,18 @@ def test_gradients_finite_and_reach_every_parameter(samples_dir, kind):
         assert torch.isfinite(p.grad).all(), n
 
 
+def test_min_steps_adds_whole_passes_until_reached_and_max_steps_still_caps(samples_dir):
+    per_pass = train_student(samples_dir, None, tiny_student(), _tc(token_budget=300, epochs=1)).step
+    floor = 2 * per_pass + 1
+    res = train_student(samples_dir, None, tiny_student(), _tc(token_budget=300, epochs=1, min_steps=floor))
+    passes = sorted({h["epoch"] for h in res.history})
+    assert passes == [0, 1, 2]  # two passes fall short, the third reaches the floor and is finished
+    assert sum(h["epoch"] < 2 for h in res.history) < floor <= res.step
+    capped = train_student(samples_dir, None, tiny_student(),
+                           _tc(token_budget=300, epochs=1, min_steps=10 * per_pass, max_steps=per_pass + 2))
+    assert capped.step == per_pass + 2
+
+
 @pytest.mark.parametrize("kind", ["teacher", "student"])
 def test_checkpoint_resume_gives_the_same_next_step(samples_dir, tmp_path, kind):
     cfg = tiny_teacher() if kind == "teacher" else tiny_student()
