@@ -282,7 +282,13 @@ class StudentTrainingConfig(ModelSizeConfig):
     shuffle_labels: bool = False  # deliberately broken candidate (tests the gates); never in production
 
 
-@dg.asset(group_name=GROUP, partitions_def=daily_partitions, deps=[teacher_logits], pool="training",
+# The candidate of D warm-starts from the candidate of D-1: declared, so that a backfill launched from the
+# UI (one run per day) materialises the days in order instead of warm-starting from whatever exists.
+PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+
+
+@dg.asset(group_name=GROUP, partitions_def=daily_partitions, pool="training",
+          deps=[teacher_logits, dg.AssetDep("student_candidate", partition_mapping=PREVIOUS_DAY)],
           description="The student warm-started from the newest candidate and trained on day D with labels "
                       "and the cached teacher probabilities; registered as genrank-ctr with alias 'challenger'.")
 def student_candidate(context: dg.AssetExecutionContext, config: StudentTrainingConfig, paths: GenrankPaths,

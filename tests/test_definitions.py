@@ -29,6 +29,17 @@ def test_definitions_load_and_validate():
     assert landing_sensor.default_status == dg.DefaultSensorStatus.RUNNING
 
 
+def test_the_daily_student_depends_on_its_previous_day():
+    """student_candidate(D) warm-starts from D-1: the self-dependency orders a UI backfill's daily runs."""
+    from pipelines.definitions import defs
+
+    key = dg.AssetKey("student_candidate")
+    graph = defs.resolve_asset_graph()
+    assert key in graph.get(key).parent_keys
+    mapping = defs.resolve_assets_def(key).get_partition_mapping(key)
+    assert isinstance(mapping, dg.TimeWindowPartitionMapping) and (mapping.start_offset, mapping.end_offset) == (-1, -1)
+
+
 def test_workspace_loads_with_the_dagster_cli(tmp_path):
     env = {**os.environ, "GENRANK_HOME": str(tmp_path), "DAGSTER_HOME": str(tmp_path / "dh")}
     (tmp_path / "dh").mkdir()
