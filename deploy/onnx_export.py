@@ -13,10 +13,9 @@ Output:
 
 LITM and PATM merges and the cross-feature counts run before the graph, in ``models.data.request_tokens``,
 exactly as at training time (id-equality, age and counting rules over numpy arrays, not tensor maths);
-the group sums, LPTM's
-pair sums, the interval mask (history causal; candidates see the history visible at request time minus
-the delay and themselves, never each other) and time RoPE are all inside the graph, built from the
-inputs with standard ONNX ops, so onnxruntime needs no custom op.
+the group sums, LPTM's pair sums, the interval mask (history causal; candidates see the history visible
+at request time minus the delay and themselves, never each other) and time RoPE are all inside the
+graph, built from the inputs with standard ONNX ops, so onnxruntime needs no custom op.
 
 ``RequestScorer`` is the torch module that is exported; it reuses the trained student's own layers
 and is checked against ``Student.forward`` (the specification) by ``parity``.

@@ -340,7 +340,9 @@ def cross_counts(ev_feats: np.ndarray, ev_ts: np.ndarray, q_feats: np.ndarray, q
     ts, ev_code, ev_feats = ev_ts[keep], ev_code[keep], ev_feats[keep]
     t0 = int(ts.min())
     span = int(ts.max()) - t0
-    R = span + 2  # one time slot per ms, plus the "before every event" slot of each key
+    # one time slot per ms, plus the "before every event" slot of each key; int64 holds (field < 2^24) x
+    # (6 actions) x (a 10-year span in ms)
+    R = span + 2
     for m, col in enumerate(CROSS_MATCH_FIELDS):
         f = np.ones(len(ts), np.int64) if col is None else ev_feats[:, col]
         qf = np.ones(Q, np.int64) if col is None else q_feats[:, col]
