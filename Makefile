@@ -39,7 +39,7 @@ test: setup
 	$(BIN)/python -m pytest
 
 dagster: setup
-	$(BIN)/dagster dev -w workspace.yaml
+	$(BIN)/genrank ui
 
 mlflow: setup
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$${GENRANK_HOME:-.genrank}/mlflow.db

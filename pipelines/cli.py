@@ -74,6 +74,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ui(args: argparse.Namespace) -> int:
+    """`dagster dev` on the instance `genrank run` records into (unless DAGSTER_HOME is set), so the UI
+    shows those runs and the daemon runs the schedules, the landing sensor and run retries."""
+    from pipelines.runner import local_dagster_home
+
+    env = dict(os.environ)
+    env.setdefault("DAGSTER_HOME", str(local_dagster_home(Path(args.home).resolve())))
+    env["GENRANK_HOME"] = str(Path(args.home).resolve())
+    dagster = Path(sys.executable).with_name("dagster")
+    cmd = [str(dagster if dagster.exists() else "dagster"), "dev", "-w", str(settings.REPO_ROOT / "workspace.yaml"),
+           "--port", str(args.port)]
+    print(f"DAGSTER_HOME={env['DAGSTER_HOME']} {' '.join(cmd)}", flush=True)
+    os.execvpe(cmd[0], cmd, env)
+
+
 def build_parser() -> argparse.ArgumentParser:
     home = str(settings.genrank_home())
     parser = argparse.ArgumentParser(prog="genrank", description=__doc__)
@@ -121,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("ui", help="the Dagster UI and daemon (dagster dev) on the instance genrank run records into")
+    p.add_argument("--home", default=home)
+    p.add_argument("--port", type=int, default=3000)
+    p.set_defaults(func=_cmd_ui)
 
     p = sub.add_parser("rollback", help="move the genrank-ctr champion alias back to the previous version")
     p.add_argument("--home", default=home)

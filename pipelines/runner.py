@@ -17,6 +17,8 @@ from pipelines import settings
 from pipelines.resources import GenrankPaths
 from transforms import landing
 
+# Run retries must be enabled on an open-source instance for a job's dagster/max_retries tag to act
+# (daily_job retries a failed run once); the default count stays 0 for every other job.
 INSTANCE_YAML = """\
 telemetry:
   enabled: false
@@ -24,7 +26,20 @@ concurrency:
   pools:
     granularity: op
     default_limit: 1
+run_retries:
+  enabled: true
+  max_retries: 0
 """
+
+
+def local_dagster_home(home: Path) -> Path:
+    """$GENRANK_HOME/dagster_home with the project's instance config (written when missing)."""
+    dagster_home = Path(home) / "dagster_home"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    cfg = dagster_home / "dagster.yaml"
+    if not cfg.exists():
+        cfg.write_text(INSTANCE_YAML)
+    return dagster_home
 
 
 def prepare_instance(home: Path):
@@ -32,12 +47,7 @@ def prepare_instance(home: Path):
     import dagster as dg
 
     if not os.environ.get("DAGSTER_HOME"):
-        dagster_home = home / "dagster_home"
-        dagster_home.mkdir(parents=True, exist_ok=True)
-        cfg = dagster_home / "dagster.yaml"
-        if not cfg.exists():
-            cfg.write_text(INSTANCE_YAML)
-        os.environ["DAGSTER_HOME"] = str(dagster_home)
+        os.environ["DAGSTER_HOME"] = str(local_dagster_home(home))
     return dg.DagsterInstance.get()
 
 
@@ -134,7 +144,7 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
           + (f" ({refused} challenger(s) refused by the gates: a decision, not a failure)." if refused else "."))
     print(_bucket_table(home, days[-1]))
     print(_champion_line(home))
-    print(f"Dagster: DAGSTER_HOME={os.environ['DAGSTER_HOME']} dagster dev -w workspace.yaml  (http://localhost:3000)")
+    print(f"Dagster: DAGSTER_HOME={os.environ['DAGSTER_HOME']} .venv/bin/genrank ui  (http://localhost:3000)")
     print(f"MLflow:  mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}  (http://localhost:5000)")
     return summary
 

@@ -81,3 +81,23 @@ def test_incomplete_day_is_not_reported(tmp_path):
     with dg.build_sensor_context(resources={"paths": GenrankPaths(home=str(tmp_path))}) as ctx:
         result = landing_sensor(ctx)
     assert result.asset_events == [] and result.run_requests == []
+
+
+def test_the_local_instance_retries_the_daily_job_and_genrank_ui_opens_it(tmp_path, monkeypatch):
+    """Open-source Dagster ignores a job's dagster/max_retries tag unless the instance enables run
+    retries: the instance `genrank run` records into and `genrank ui` serves must enable them."""
+    from pipelines import cli
+    from pipelines.definitions import defs
+    from pipelines.runner import local_dagster_home
+
+    instance = dg.DagsterInstance.from_config(str(local_dagster_home(tmp_path)))
+    assert instance.run_retries_enabled and instance.run_retries_max_retries == 0
+    assert defs.resolve_job_def("daily_job").tags["dagster/max_retries"] == "1"
+
+    launched = {}
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.setattr(cli.os, "execvpe", lambda f, argv, env: launched.update(argv=argv, env=env))
+    cli.main(["ui", "--home", str(tmp_path), "--port", "3999"])
+    assert launched["argv"][1:3] == ["dev", "-w"] and launched["argv"][-2:] == ["--port", "3999"]
+    assert launched["env"]["DAGSTER_HOME"] == str(tmp_path / "dagster_home")
+    assert launched["env"]["GENRANK_HOME"] == str(tmp_path)
