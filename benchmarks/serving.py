@@ -115,8 +115,7 @@ def one_pass_vs_per_candidate(model: Student, scorer: OnnxScorer, H: int, N: int
     tokens = request_tokens(sample_from_frame(history_frame(rng, "u", H), fc),
                             sample_from_frame(candidate_frame(candidates(rng, N)), fc), model.cfg)
     arrays = request_arrays(tokens)
-    singles = [request_arrays(dataclasses.replace(tokens, cand_feats=tokens.cand_feats[i:i + 1],
-                                                  cand_ts=tokens.cand_ts[i:i + 1])) for i in range(N)]
+    singles = [request_arrays(tokens.with_candidates(slice(i, i + 1))) for i in range(N)]
     together = scorer.score(arrays)
     apart = np.concatenate([scorer.score(a) for a in singles])
     one = timed(lambda: scorer.score(arrays), repeats)
