@@ -101,3 +101,32 @@ def test_the_local_instance_retries_the_daily_job_and_genrank_ui_opens_it(tmp_pa
     assert launched["argv"][1:3] == ["dev", "-w"] and launched["argv"][-2:] == ["--port", "3999"]
     assert launched["env"]["DAGSTER_HOME"] == str(tmp_path / "dagster_home")
     assert launched["env"]["GENRANK_HOME"] == str(tmp_path)
+
+
+def test_the_production_instance_config_is_valid_and_keeps_the_local_rules():
+    """deploy/dagster.yaml against Dagster's instance schema and DockerRunLauncher's config schema (no
+    Postgres or Docker needed); it keeps what the local instance guarantees (run retries, one training
+    step at a time) and passes every pipeline variable on to the run containers."""
+    import yaml
+    from dagster._config import validate_config
+    from dagster._core.instance.config import dagster_instance_config_schema
+    from dagster_docker import DockerRunLauncher
+
+    from pipelines import settings
+    from pipelines.runner import INSTANCE_YAML
+
+    prod = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
+    checked = validate_config(dagster_instance_config_schema(), prod)
+    assert checked.success, [e.message for e in checked.errors]
+    launcher = prod["run_launcher"]
+    assert (launcher["module"], launcher["class"]) == ("dagster_docker", "DockerRunLauncher")
+    checked = validate_config(DockerRunLauncher.config_type(), launcher["config"])
+    assert checked.success, [e.message for e in checked.errors]
+    assert "postgres_db" in prod["storage"]["postgres"]
+
+    local = yaml.safe_load(INSTANCE_YAML)
+    for key in ("run_retries", "concurrency"):
+        assert prod[key] == local[key], key
+    passed = {v.split("=", 1)[0] for v in launcher["config"]["env_vars"]}
+    pipeline_vars = {k for k in settings.VARIABLES if not k.startswith("GENRANK_SERVE_")}
+    assert pipeline_vars <= passed, pipeline_vars - passed
