@@ -96,8 +96,8 @@ def train_config(size: ModelSizeConfig):
 
     torch.set_num_threads(size.torch_threads)
     return TrainConfig(lr=size.lr, epochs=size.epochs, min_steps=size.min_steps, max_steps=size.max_steps,
-                       token_budget=size.token_budget,
-                       seed=size.seed, warmup_steps=5, log_every=1000, ckpt_every=size.ckpt_every)
+                       token_budget=size.token_budget, seed=size.seed, warmup_steps=5, log_every=1000,
+                       ckpt_every=size.ckpt_every)
 
 
 def _samples(paths: GenrankPaths, day: str) -> Path:
@@ -322,7 +322,8 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         started = time.perf_counter()
         ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
         # Many passes over one day overfit a warm-started model (over-confident, log-loss climbs day after day).
-        train_cfg = dataclasses.replace(train_config(config), epochs=config.warm_epochs if init is not None else config.epochs)
+        epochs = config.warm_epochs if init is not None else config.epochs
+        train_cfg = dataclasses.replace(train_config(config), epochs=epochs)
         result = train_student(str(train_samples), logits[["impression_id", "p"]], student_cfg, train_cfg,
                                init_from=init, ckpt_dir=str(ckpt_dir), resume=True)
         seconds = time.perf_counter() - started

@@ -44,6 +44,11 @@ OPSET = 18
 PARITY_TOLERANCE = 1e-4  # max |p_onnx - p_torch| over a request's candidates and buckets
 
 
+def input_names(student: Student) -> list[str]:
+    """The graph's inputs: cand_cross only for a student with cross features."""
+    return list(INPUT_NAMES) + ([CROSS_INPUT] if student.cross is not None else [])
+
+
 class RequestScorer(nn.Module):
     """One request through the student's layers with shape-derived (traceable) bounds."""
 
@@ -85,9 +90,6 @@ class RequestScorer(nn.Module):
         t2 = torch.full((G2,), torch.iinfo(torch.long).min, dtype=torch.long).scatter_reduce(
             0, dst, ts, "amax", include_self=True)
         return x2, t2
-
-    def input_names(self) -> list[str]:
-        return list(INPUT_NAMES) + ([CROSS_INPUT] if self.student.cross is not None else [])
 
     def forward(self, ev_feats, ev_group, hist_ts, cand_feats, cand_ts, cand_cross=None):
         s = self.student
@@ -159,7 +161,7 @@ def export_onnx(student: Student, path: str | os.PathLike) -> Path:
     E, G, N = (torch.export.Dim(n, min=0) for n in ("events", "groups", "candidates"))
     shapes = {"ev_feats": {0: E}, "ev_group": {0: E}, "hist_ts": {0: G}, "cand_feats": {0: N}, "cand_ts": {0: N},
               CROSS_INPUT: {0: N}}
-    names = scorer.input_names()
+    names = input_names(student)
     tmp = path.with_name(f".{path.name}.tmp")
     with torch.no_grad():
         program = torch.onnx.export(scorer, _example(student), dynamo=True, input_names=names,
@@ -250,9 +252,8 @@ def write_bundle(student: Student, folder: str | os.PathLike) -> ServingBundle:
     folder = Path(folder)
     onnx_path = export_onnx(student, folder / ONNX_FILE)
     cfg_path = folder / CONFIG_FILE
-    inputs = RequestScorer(student).input_names()
-    cfg_path.write_text(json.dumps({"student_config": to_dict(student.cfg), "inputs": inputs, "output": OUTPUT_NAME,
-                                    "opset": OPSET}, indent=1))
+    cfg_path.write_text(json.dumps({"student_config": to_dict(student.cfg), "inputs": input_names(student),
+                                    "output": OUTPUT_NAME, "opset": OPSET}, indent=1))
     return ServingBundle(onnx_path, cfg_path)
 
 

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from .config import StudentConfig
 from .data import F_POS, Batch
-from .layers import (AuxHeads, Block, BucketHeads, CrossFeatures, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum, gather_bucket,
-                     init_weights, rope_positions)
+from .layers import (AuxHeads, Block, BucketHeads, CrossFeatures, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum,
+                     gather_bucket, init_weights, rope_positions)
 from .masks import candidate_bounds, lengths_to_offsets, seq_index
 
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mt_util import tiny_features, tiny_student, tiny_teacher
-from models.data import (CROSS_ACTIONS, CROSS_MATCH_FIELDS, DAY_MS, F_ACTION, N_FIELDS, collate, cross_counts,
-                         iter_samples, n_cross_features, request_tokens, student_tokens, teacher_tokens)
+from models.data import (CROSS_ACTIONS, CROSS_MATCH_FIELDS, DAY_MS, F_ACTION, N_FIELDS, SAMPLE_ARRAYS, collate,
+                         cross_counts, iter_samples, n_cross_features, request_tokens, student_tokens, teacher_tokens)
 from models.student import Student
 from models.teacher import Teacher
 
@@ -72,10 +72,7 @@ def test_teacher_student_and_serving_count_the_same_events(samples_dir):
         np.testing.assert_array_equal(t.cross, st_.cand_cross)
         tgt = np.flatnonzero(s.is_target & s.is_imp & (s.label >= 0))
         if len(tgt):
-            cands = dataclasses.replace(s, **{f: getattr(s, f)[tgt] for f in ("ts", "is_target", "is_imp", "ids", "item_key",
-                                                                               "action", "position", "bucket", "label",
-                                                                               "click_type", "dwell_ms", "impression_id",
-                                                                               "teacher_p")})
+            cands = dataclasses.replace(s, **{f: getattr(s, f)[tgt] for f in SAMPLE_ARRAYS})
             np.testing.assert_array_equal(request_tokens(s, cands, cfg).cand_cross, st_.cand_cross)
             checked += int((st_.cand_cross > 0).any(1).sum())
     assert checked > 20  # most targets have something to count
