@@ -1,71 +1,355 @@
-"""Read side of the sequence store for serving: each user's newest events, from the lake.
+"""The online sequence store: user id -> the user's newest ``max_events`` events, as of one published day.
 
-``lake/user_sequences/date=D/`` holds the events that day D appended to every user's sequence (with a
-strictly increasing ``seq_index``); a user's state as of the newest built day is the tail of the
-concatenation. The service keeps, per user, the newest ``max_events`` (the served student's max_len;
-older events would be cut by tokenisation anyway) in one in-memory frame, and reloads when a newer
-partition lands. It never opens the DuckDB warehouse, whose single writer is the pipeline.
+The ``online_sequences`` asset feeds it every day from ``lake/user_sequences/date=D`` (only the users
+active on D are rewritten) and the scoring service reads one user per request; nothing here loads the
+lake at serving time, so the service's memory does not grow with days or users.
 
-At production scale the same partitions feed a key-value store; this class is the local stand-in
-with the same contract (user -> newest events, as of a named day).
+Two backends behind one interface, chosen by ``GENRANK_ONLINE_STORE`` (``open_store``):
+
+- **LMDB** (default, embedded, ``$GENRANK_HOME/online_store/``). Chosen over SQLite and RocksDB because
+  the service runs several worker processes that all read while the pipeline writes: LMDB readers are
+  lock-free MVCC snapshots over one shared memory map (every worker shares the same page cache, and a
+  read is a B-tree walk with no copy until decoding), and a write transaction of any size commits
+  atomically, so a day's update is published as a whole. SQLite serialises readers behind its WAL
+  checkpoints and copies every row; RocksDB allows one read-write process and needs secondary instances
+  that catch up by polling.
+- **Redis** (``redis://host:port/db``), for a fleet of serving hosts. Each user is a hash whose fields
+  are days (the newest state and the one before it); a published day is the ``meta`` key's ``as_of``,
+  set after every user of the day is written, and a reader picks the newest field not after it in the
+  same server-side script that reads ``meta``. A writer that dies half-way leaves ``as_of`` where it was.
+
+Either way a reader sees day D-1 or day D, never a mix; the meta record carries the format version,
+the hash key the ids were hashed with and ``max_events``.
 """
 from __future__ import annotations
 
-import threading
+import datetime as dt
+import json
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
-import pandas as pd
 import pyarrow.dataset as ds
 
-COLUMNS = ["user_id", "seq_index", "ts_ms", "event_kind", "request_id", "impression_id", "item_id", "campaign_id",
-           "advertiser_id", "category_id", "brand_id", "position", "surface", "device", "action", "label",
-           "click_type", "dwell_ms"]
+from deploy.event_codec import EventArrays, concat, encode, from_bytes, to_bytes
+
+FORMAT_VERSION = 1
+LAKE_COLUMNS = ["user_id", "seq_index", "ts_ms", "event_kind", "item_id", "campaign_id", "advertiser_id",
+                "category_id", "brand_id", "position", "surface", "device", "action", "label", "click_type",
+                "dwell_ms"]
+LMDB_MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
 
 
-class SequenceStore:
-    def __init__(self, lake: Path, max_events: int):
-        self.root = Path(lake) / "user_sequences"
-        self.max_events = int(max_events)
-        self.as_of: str | None = None
-        self._events = pd.DataFrame(columns=COLUMNS)
-        self._rows: dict[str, tuple[int, int]] = {}
-        self._lock = threading.Lock()
+class StoreUnavailable(RuntimeError):
+    """The store cannot answer (missing, half-written, another format): the service answers 503 with this."""
 
-    def _days(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name.split("=", 1)[1] for p in self.root.glob("date=*")
-                      if p.is_dir() and any(p.glob("*.parquet")))
 
-    def refresh(self) -> bool:
-        """Reload if a newer day was built (or the store was rebuilt down to fewer days); True if reloaded."""
-        days = self._days()
-        newest = days[-1] if days else None
-        if newest == self.as_of:
-            return False
-        if not days:
-            events = pd.DataFrame(columns=COLUMNS)
-        else:
-            files = [str(f) for d in days for f in sorted((self.root / f"date={d}").glob("*.parquet"))]
-            events = ds.dataset(files, format="parquet").to_table(columns=COLUMNS).to_pandas()
-            events = events.sort_values(["user_id", "seq_index"], kind="stable")
-            age = events.groupby("user_id", sort=False).cumcount(ascending=False)
-            events = events[age < self.max_events].reset_index(drop=True)
-        users = events["user_id"].astype(str).to_numpy()
-        bounds = np.r_[np.flatnonzero(np.r_[True, users[1:] != users[:-1]]) if len(users) else [], len(users)]
-        bounds = bounds.astype(np.int64)
-        rows = {str(users[a]): (int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])}
-        with self._lock:
-            self._events, self._rows, self.as_of = events, rows, newest
-        return True
+@dataclass(frozen=True)
+class StoreMeta:
+    as_of: str
+    format_version: int
+    hash_key: str
+    max_events: int
+    users: int
+    published_at: float
 
-    def history(self, user_id: str) -> pd.DataFrame | None:
-        """The user's newest events, oldest first; None if the store has never seen the user."""
-        with self._lock:
-            span = self._rows.get(user_id)
-            return None if span is None else self._events.iloc[span[0]:span[1]]
+    @staticmethod
+    def parse(raw: bytes | None, where: str) -> "StoreMeta":
+        if raw is None:
+            raise StoreUnavailable(f"the online store at {where} has no published day (never built, or its first "
+                                   "build did not finish): materialise online_sequences")
+        try:
+            meta = StoreMeta(**json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise StoreUnavailable(f"the online store at {where} has an unreadable meta record ({exc})") from exc
+        if meta.format_version != FORMAT_VERSION:
+            raise StoreUnavailable(f"the online store at {where} is format version {meta.format_version}; this "
+                                   f"service reads version {FORMAT_VERSION}: rebuild it with online_sequences")
+        return meta
 
-    @property
-    def n_users(self) -> int:
-        return len(self._rows)
+    def encode(self) -> bytes:
+        return json.dumps(self.__dict__).encode()
+
+
+@dataclass
+class PublishReport:
+    day: str
+    mode: str            # "incremental" (users active on D merged into D-1's state) or "rebuild" (from the lake)
+    users_written: int
+    new_users: int
+    events_read: int
+    users: int
+    seconds: float
+
+
+class OnlineStore:
+    """The interface both backends implement; ``lookup`` is the serving read, ``publish`` the daily write."""
+
+    where: str
+
+    def meta(self) -> StoreMeta:
+        """The published day's meta record (StoreUnavailable if there is none or it is unreadable)."""
+        return StoreMeta.parse(self._read_meta(), self.where)
+
+    def lookup(self, user_id: str) -> tuple[StoreMeta, EventArrays | None]:
+        """The user's events and the day they are as of, read from one snapshot; None for an unknown user."""
+        raw_meta, blob = self._read_user(user_id)
+        return StoreMeta.parse(raw_meta, self.where), (from_bytes(blob) if blob else None)
+
+    def refresh(self) -> StoreMeta:
+        """The published day, after checking the store is still the one this process reads."""
+        return self.meta()
+
+    def publish(self, day: str, users: Iterable[tuple[str, EventArrays]], *, rebuild: bool, max_events: int,
+                hash_key: str) -> tuple[int, int]:
+        """Write every (user, events of the day) as that user's newest ``max_events`` events (merged into the
+        state before ``day`` unless ``rebuild``, which starts from nothing), then publish ``day`` as one
+        step. Returns (users written, users new to the store)."""
+        raise NotImplementedError
+
+    def _read_meta(self) -> bytes | None:
+        raise NotImplementedError
+
+    def _read_user(self, user_id: str) -> tuple[bytes | None, bytes | None]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _user_key(user_id: str) -> bytes:
+    return b"u:" + user_id.encode()
+
+
+# ------------------------------------------------------------------------------------------ LMDB
+
+class LmdbStore(OnlineStore):
+    META = b"meta"
+
+    def __init__(self, path: Path, readonly: bool = True):
+        self.path, self.readonly, self.where = Path(path), readonly, str(path)
+        self._env, self._identity = self._open()
+
+    def _open(self):
+        import lmdb
+
+        data = self.path / "data.mdb"
+        if self.readonly and not data.exists():
+            raise StoreUnavailable(f"no online store at {self.path}: materialise online_sequences")
+        if not self.readonly:
+            self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            env = lmdb.open(str(self.path), map_size=LMDB_MAP_SIZE, readonly=self.readonly, max_readers=512,
+                            readahead=False, meminit=False)
+        except lmdb.Error as exc:
+            raise StoreUnavailable(f"the online store at {self.path} cannot be opened (half-written or corrupt?): "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        stat = data.stat()
+        return env, (stat.st_dev, stat.st_ino)
+
+    def refresh(self) -> StoreMeta:
+        """The published day. The pipeline updates the store in place; files removed or replaced under an open
+        store (LMDB allows one open per path and process) leave this process serving the copy it opened."""
+        try:
+            stat = (self.path / "data.mdb").stat()
+            replaced = (stat.st_dev, stat.st_ino) != self._identity
+        except FileNotFoundError:
+            replaced = True
+        if replaced:
+            raise StoreUnavailable(f"the online store at {self.path} was removed or replaced since this process "
+                                   "opened it: still serving the copy it opened; restart the service to open the new one")
+        return self.meta()
+
+    def _read_meta(self) -> bytes | None:
+        with self._env.begin() as txn:
+            return txn.get(self.META)
+
+    def _read_user(self, user_id: str):
+        with self._env.begin() as txn:  # one snapshot: the meta and the user agree on the day
+            return txn.get(self.META), txn.get(_user_key(user_id))
+
+    def publish(self, day, users, *, rebuild, max_events, hash_key):
+        written = new = 0
+        with self._env.begin(write=True) as txn:  # one write transaction: readers see all of it or none
+            db = self._env.open_db(txn=txn)
+            before = None if rebuild else txn.get(self.META)
+            n_before = StoreMeta.parse(before, self.where).users if before else 0
+            if rebuild:
+                txn.drop(db, delete=False)
+            for user, events in users:
+                key = _user_key(user)
+                old = txn.get(key)
+                new += old is None
+                merged = events if old is None else concat(from_bytes(old), events)
+                txn.put(key, to_bytes(merged.newest(max_events)))
+                written += 1
+            txn.put(self.META, StoreMeta(day, FORMAT_VERSION, hash_key, max_events, n_before + new,
+                                         time.time()).encode())
+        return written, new
+
+    def close(self) -> None:
+        self._env.close()
+
+
+# ------------------------------------------------------------------------------------------ Redis
+
+# The newest field of a user's hash that is not after the bound (ISO days sort as strings).
+_NEWEST_UPTO = """
+local best = nil
+for _, d in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if d <= bound and (best == nil or d > best) then best = d end
+end
+if best == nil then return {meta, ''} end
+return {meta, redis.call('HGET', KEYS[2], best)}
+"""
+_READ = """
+local meta = redis.call('GET', KEYS[1])
+if not meta then return {'', ''} end
+local bound = cjson.decode(meta)['as_of']
+""" + _NEWEST_UPTO
+_READ_UPTO = "local meta = ''\nlocal bound = ARGV[1]\n" + _NEWEST_UPTO
+# Write day ARGV[1]; keep only it and the newest older day (what readers still on the previous day read).
+_WRITE = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local prev = nil
+local days = redis.call('HKEYS', KEYS[1])
+for _, d in ipairs(days) do
+  if d < ARGV[1] and (prev == nil or d > prev) then prev = d end
+end
+for _, d in ipairs(days) do
+  if d ~= ARGV[1] and d ~= prev then redis.call('HDEL', KEYS[1], d) end
+end
+return 1
+"""
+
+
+class RedisStore(OnlineStore):
+    BATCH = 256  # users per pipelined round trip when publishing
+
+    def __init__(self, url: str, prefix: str = "genrank:seq"):
+        import redis
+
+        self.where, self.prefix = url, prefix
+        self.client = redis.Redis.from_url(url, socket_timeout=5)
+        self._read = self.client.register_script(_READ)
+        self._read_upto = self.client.register_script(_READ_UPTO)
+        self._write = self.client.register_script(_WRITE)
+        self.meta_key = f"{prefix}:meta"
+
+    def _key(self, user_id: str) -> bytes:
+        return f"{self.prefix}:".encode() + _user_key(user_id)
+
+    def _read_meta(self):
+        import redis
+
+        try:
+            return self.client.get(self.meta_key)
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"the online store at {self.where} does not answer: {exc}") from exc
+
+    def _read_user(self, user_id):
+        import redis
+
+        try:
+            meta, blob = self._read(keys=[self.meta_key, self._key(user_id)])
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"the online store at {self.where} does not answer: {exc}") from exc
+        return meta or None, blob or None
+
+    def publish(self, day, users, *, rebuild, max_events, hash_key):
+        before = self.client.get(self.meta_key)
+        n_before = 0 if rebuild or before is None else StoreMeta.parse(before, self.where).users
+        # The state before `day`: none on a rebuild, else the newest field before it (D-1 on a rerun of D).
+        bound = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
+        written = new = 0
+        for batch in _batches(users, self.BATCH):
+            pipe = self.client.pipeline(transaction=False)
+            if not rebuild:
+                for user, _ in batch:
+                    self._read_upto(keys=["", self._key(user)], args=[bound], client=pipe)
+                olds = [blob or None for _, blob in pipe.execute()]
+            else:
+                olds = [None] * len(batch)
+            for (user, events), old in zip(batch, olds):
+                new += old is None
+                merged = events if old is None else concat(from_bytes(old), events)
+                self._write(keys=[self._key(user)], args=[day, to_bytes(merged.newest(max_events))], client=pipe)
+            pipe.execute()
+            written += len(batch)
+        self.client.set(self.meta_key, StoreMeta(day, FORMAT_VERSION, hash_key, max_events, n_before + new,
+                                                 time.time()).encode())
+        return written, new
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _batches(items: Iterable, size: int) -> Iterator[list]:
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def open_store(setting: str, home: Path, readonly: bool = True) -> OnlineStore:
+    """``setting`` is GENRANK_ONLINE_STORE: empty for the embedded LMDB store under ``home``, else a redis:// URL."""
+    if setting.startswith(("redis://", "rediss://", "unix://")):
+        return RedisStore(setting)
+    if setting:
+        raise ValueError(f"GENRANK_ONLINE_STORE={setting!r}: leave it empty (embedded LMDB) or give a redis:// URL")
+    return LmdbStore(Path(home) / "online_store", readonly=readonly)
+
+
+# ------------------------------------------------------------------------------------------ the daily update
+
+def _lake_users(files: list[str], hash_key: str) -> Iterator[tuple[str, EventArrays]]:
+    """Every user's events in ``files`` (user_sequences partitions), oldest first, one user at a time."""
+    if not files:
+        return
+    table = ds.dataset(files, format="parquet").to_table(columns=LAKE_COLUMNS).sort_by(
+        [("user_id", "ascending"), ("seq_index", "ascending")])
+    cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in LAKE_COLUMNS}
+    events = encode(cols, hash_key)
+    users = cols["user_id"].astype(str)
+    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]]) if len(users) else np.zeros(0, int)
+    for a, b in zip(starts, np.r_[starts[1:], len(users)]):
+        yield str(users[a]), events.take(slice(a, b))
+
+
+def partition_files(lake: Path, days: list[str]) -> list[str]:
+    return [str(f) for d in days for f in sorted((Path(lake) / "user_sequences" / f"date={d}").glob("*.parquet"))]
+
+
+def update_day(store: OnlineStore, lake: Path, day: str, max_events: int, hash_key: str) -> PublishReport:
+    """Publish ``day``: incrementally (only D's users, merged into D-1's state) when the store is at D-1,
+    else rebuilt from every user_sequences partition up to D (first build, a rerun, a gap, another format)."""
+    started = time.perf_counter()
+    previous = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
+    try:
+        meta = store.meta()
+        incremental = (meta.as_of == previous and meta.max_events == max_events and meta.hash_key == hash_key)
+    except StoreUnavailable:
+        incremental = False
+    root = Path(lake) / "user_sequences"
+    if not (root / f"date={day}").is_dir():
+        raise ValueError(f"no user_sequences partition for {day} under {root}: build the sequences first")
+    days = [day] if incremental else sorted(p.name.removeprefix("date=") for p in root.glob("date=*")
+                                             if p.name.removeprefix("date=") <= day)
+    files = partition_files(lake, days)
+    counted = {"events": 0}
+
+    def users():
+        for user, events in _lake_users(files, hash_key):
+            counted["events"] += len(events)
+            yield user, events
+
+    written, new = store.publish(day, users(), rebuild=not incremental, max_events=max_events, hash_key=hash_key)
+    return PublishReport(day, "incremental" if incremental else "rebuild", written, new, counted["events"],
+                         store.meta().users, time.perf_counter() - started)
+

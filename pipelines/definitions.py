@@ -2,17 +2,17 @@
 
 import dagster as dg
 
-from assets import events, sequences, training
+from assets import events, sequences, serving, training
 from assets.raw_logs import raw_logs
-from pipelines.jobs import daily_job, daily_schedule, teacher_job, weekly_teacher_schedule
+from pipelines.jobs import daily_job, daily_schedule, teacher_job
 from pipelines.resources import default_resources
 from pipelines.sensors import landing_sensor
 
 defs = dg.Definitions(
-    assets=[raw_logs, *dg.load_assets_from_modules([events, sequences, training])],
+    assets=[raw_logs, *dg.load_assets_from_modules([events, sequences, serving, training])],
     asset_checks=dg.load_asset_checks_from_modules([events, training]),
     jobs=[daily_job, teacher_job],
-    schedules=[daily_schedule, weekly_teacher_schedule],
+    schedules=[daily_schedule],
     sensors=[landing_sensor],
     resources={**default_resources(), "dbt": sequences.dbt_resource()},
 )

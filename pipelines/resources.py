@@ -79,6 +79,20 @@ class MlflowResource(dg.ConfigurableResource):
         mlflow.set_registry_uri(self.tracking_uri)
 
 
+class OnlineStoreResource(dg.ConfigurableResource):
+    """The online sequence store: ``url`` empty for the embedded LMDB store under GENRANK_HOME, else redis://."""
+
+    url: str = ""
+
+    def open(self, home: Path):
+        from deploy.sequence_store import open_store
+
+        return open_store(self.url, home, readonly=False)
+
+    def describe(self, home: Path) -> str:
+        return self.url or str(Path(home) / "online_store")
+
+
 def default_resources() -> dict[str, dg.ConfigurableResource]:
     home = settings.genrank_home()
     return {
@@ -90,4 +104,5 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
         "mlflow": MlflowResource(
             tracking_uri=settings.tracking_uri(home),
         ),
+        "online_store": OnlineStoreResource(url=settings.online_store()),
     }

@@ -31,13 +31,30 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_LATE_GRACE_HOURS": ("6", "how long the newest day waits for D+1's files before it is processed without them"),
     "GENRANK_TORCH_THREADS": ("1", "torch intra-op threads for training and evaluation (more thrash on shared cores)"),
     "GENRANK_LATENCY_BUDGET_MS": ("50", "promotion gate: p99 scoring time of one request (CADET: p99 < 50 ms)"),
+    "GENRANK_SENSOR_INTERVAL_S": ("30", "seconds between two evaluations of the landing sensor (it starts at most one daily run per evaluation)"),
     "MLFLOW_TRACKING_URI": ("sqlite:///$GENRANK_HOME/mlflow.db", "MLflow tracking and registry store"),
+    "GENRANK_ONLINE_STORE": ("(empty: LMDB under $GENRANK_HOME/online_store)", "the online sequence store the `online_sequences` asset writes and `genrank serve` reads: empty for the embedded LMDB store, or a `redis://host:port/db` URL"),
     "GENRANK_SERVE_POLL_S": ("15", "`genrank serve`: seconds between checks of the champion alias and the sequence store"),
     "GENRANK_SERVE_THREADS": ("0", "`genrank serve`: onnxruntime intra-op threads (0 = its default, the physical cores)"),
     "GENRANK_SERVE_MAX_CANDIDATES": ("1000", "`genrank serve`: candidates per request"),
     "GENRANK_SERVE_MAX_HISTORY": ("20000", "`genrank serve`: inline history events per request"),
     "GENRANK_SERVE_MAX_BODY_BYTES": ("8388608", "`genrank serve`: request body size (413 above)"),
 }
+
+
+def online_store() -> str:
+    """GENRANK_ONLINE_STORE: empty for the embedded LMDB store, else a redis:// URL (deploy.sequence_store)."""
+    return env("GENRANK_ONLINE_STORE", "")
+
+
+def late_grace_hours() -> float:
+    """GENRANK_LATE_GRACE_HOURS: how long day D waits for D+1's files (late clicks) before it runs without them."""
+    return float(env("GENRANK_LATE_GRACE_HOURS", VARIABLES["GENRANK_LATE_GRACE_HOURS"][0]))
+
+
+def sensor_interval_s() -> int:
+    """GENRANK_SENSOR_INTERVAL_S: the landing sensor's minimum interval (read when the code location loads)."""
+    return int(env("GENRANK_SENSOR_INTERVAL_S", VARIABLES["GENRANK_SENSOR_INTERVAL_S"][0]))
 
 
 def tracking_uri(home: Path) -> str:
