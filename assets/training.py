@@ -141,25 +141,59 @@ class TeacherTrainingConfig(ModelSizeConfig):
     token_budget: int = 4096
     max_steps: int = 800
     force: bool = False    # retrain even if a teacher exists for the same data and code
+    # Inside the daily run of day D: the first teacher once min_days days of samples precede D (one to
+    # train on, one whose history it sees), then a retrain every every_days days (weekly, as production
+    # teachers are refreshed; `genrank demo` uses 3 to show a retrain within its 8 days).
+    every_days: int = 7
+    min_days: int = 2
+
+
+def teacher_due(day: str, sample_days_before: list[str], current_window: str | None, every_days: int,
+                min_days: int) -> tuple[bool, str]:
+    """Whether the daily run of ``day`` retrains the teacher before caching its logits, and why.
+
+    ``current_window`` is the current teacher's ``first..last`` training window: it was trained for the
+    day after ``last``, so it is due again ``every_days`` after that day."""
+    if len(sample_days_before) < min_days:
+        return False, f"{len(sample_days_before)} day(s) of samples before {day}; the first teacher needs {min_days}"
+    if current_window is None:
+        return True, "no teacher yet"
+    first_use = dt.date.fromisoformat(current_window.split("..")[-1]) + dt.timedelta(days=1)
+    due_on = first_use + dt.timedelta(days=every_days)
+    if dt.date.fromisoformat(day) >= due_on:
+        return True, f"the teacher trained through {current_window.split('..')[-1]} was due on {due_on}"
+    return False, f"the teacher trained through {current_window.split('..')[-1]} serves until {due_on}"
 
 
 @dg.asset(group_name=GROUP, deps=["training_samples"], pool="training",
-          description="The full-token CADET-style teacher, retrained weekly over a trailing window; "
-                      "registered as genrank-teacher with alias 'current'.")
+          description="The full-token CADET-style teacher over a trailing window, registered as genrank-teacher "
+                      "with alias 'current'. In a daily run it retrains when due (teacher_due) and otherwise "
+                      "records the version that serves the day; teacher_job retrains it on demand.")
 def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConfig, paths: GenrankPaths,
                   mlflow: MlflowResource) -> dg.MaterializeResult:
     from models import save_model, train_teacher
 
-    days = paths.lake_days("training_samples")[-config.window_days:]
+    r = _registry(paths, mlflow)
+    day = context.run.tags.get("dagster/partition")   # None when teacher_job runs it on demand
+    days = [d for d in paths.lake_days("training_samples") if day is None or d < day]
+    why = "on demand (teacher_job)" if day is None else "forced"
+    if day is not None and not config.force:
+        current = r.by_alias(reg.TEACHER, "current")
+        due, why = teacher_due(day, days, current.tags.get("window") if current else None,
+                               config.every_days, config.min_days)
+        if not due:
+            return dg.MaterializeResult(metadata={
+                "version": current.version if current else "none", "retrained": False, "reason": why})
+    days = days[-config.window_days:]
     if not days:
         raise ValueError(f"no training_samples partition under {paths.lake / 'training_samples'}: nothing to train a teacher on")
     folders = [_samples(paths, d) for d in days]
-    r = _registry(paths, mlflow)
     fingerprint, code = reg.data_fingerprint(folders), reg.code_version()
     existing = r.find(reg.TEACHER, data_fingerprint=fingerprint, code_version=code)
     if existing is not None and not config.force:
         r.client.set_registered_model_alias(reg.TEACHER, "current", existing.version)
-        return dg.MaterializeResult(metadata={"version": existing.version, "reused": True, "window": f"{days[0]}..{days[-1]}"})
+        return dg.MaterializeResult(metadata={"version": existing.version, "retrained": False, "reused": True,
+                                              "window": f"{days[0]}..{days[-1]}", "reason": f"{why}; same data and code"})
     cfg = teacher_config(config)
     started = time.perf_counter()
     # A killed run resumes from its checkpoint; the checkpoint goes once the version is registered.
@@ -194,7 +228,8 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConf
     r.client.set_registered_model_alias(reg.TEACHER, "current", version)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return dg.MaterializeResult(metadata={
-        "version": version, "window": f"{days[0]}..{days[-1]}", "train_seconds": seconds, "steps": result.step,
+        "version": version, "retrained": True, "reason": why, "window": f"{days[0]}..{days[-1]}", "train_seconds": seconds,
+        "steps": result.step,
         "tokens_per_s": float(result.throughput.get("tokens_per_s", float("nan"))),
     })
 

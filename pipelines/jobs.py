@@ -1,33 +1,46 @@
-"""Jobs and schedules: the daily run per partition, and the weekly teacher retrain."""
+"""Jobs and the daily schedule: the daily run per partition, and the on-demand teacher retrain."""
 
 import dagster as dg
 
+from pipelines import operating
 from pipelines.partitions import daily_partitions
+from pipelines.resources import GenrankPaths
 
 TEACHER = dg.AssetSelection.assets("teacher_model")
 
+# Every launcher (the landing sensor, the schedule, a daily_job backfill from the UI, `genrank run`) runs
+# this one job per day. It holds the teacher too: teacher_model retrains inside the day's run when its
+# cadence says so (assets/training.py teacher_due), so every launcher gets the teacher exactly where
+# `genrank run` does.
 daily_job = dg.define_asset_job(
     "daily_job",
-    selection=dg.AssetSelection.all() - dg.AssetSelection.assets("raw_logs") - TEACHER,
+    selection=dg.AssetSelection.all() - dg.AssetSelection.assets("raw_logs"),
     partitions_def=daily_partitions,
-    description="Everything downstream of the landing zone for one day: events, sequences, teacher "
-                "logits, the student candidate, yesterday's candidate's gates and promotion.",
-    # transient failures (a lost Spark executor, a locked file) retry the run once
-    tags={"dagster/max_retries": "1", "dagster/retry_strategy": "FROM_FAILURE"},
+    description="Everything downstream of the landing zone for one day: events, sequences, the teacher when "
+                "due, teacher logits, the student candidate, yesterday's candidate's gates and promotion.",
+    # Transient failures (a lost Spark executor, a locked file) retry the run once from the failed step; a
+    # failed blocking check turns its run's retry off (operating.mark_blocked_run). The lane tag is what
+    # the run queue serialises on (pipelines/runner.py INSTANCE_YAML, deploy/dagster.yaml).
+    tags={"dagster/max_retries": "1", "dagster/retry_strategy": "FROM_FAILURE",
+          operating.LANE_TAG: operating.DAILY_LANE},
+    hooks={operating.mark_blocked_run},
+    # One process runs the day's steps in order (they form a chain): no per-step process re-importing
+    # torch and Spark, and the same execution `genrank run` does in process.
+    executor_def=dg.in_process_executor,
 )
 
 teacher_job = dg.define_asset_job(
     "teacher_job", selection=TEACHER,
-    description="Retrain the full-token teacher over the trailing window of training samples.",
+    description="Retrain the full-token teacher now, over the trailing window of training samples "
+                "(then backfill teacher_logits to re-cache them).",
+    tags={operating.LANE_TAG: operating.DAILY_LANE},
+    executor_def=dg.in_process_executor,
 )
 
-# The daily run processes yesterday: the schedule fires after midnight UTC plus the grace period the
-# late-click attribution needs (clicks of D land in D+1's files).
-daily_schedule = dg.build_schedule_from_partitioned_job(
-    daily_job, hour_of_day=7, minute_of_hour=0, default_status=dg.DefaultScheduleStatus.RUNNING,
-)
 
-weekly_teacher_schedule = dg.ScheduleDefinition(
-    job=teacher_job, cron_schedule="0 3 * * 1", execution_timezone="UTC",
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-)
+@dg.schedule(job=daily_job, cron_schedule="0 7 * * *", execution_timezone="UTC",
+             default_status=dg.DefaultScheduleStatus.STOPPED)
+def daily_schedule(context: dg.ScheduleEvaluationContext, paths: GenrankPaths):
+    """07:00 UTC: the landing sensor's decision at a fixed time, for deployments that turn the sensor off
+    (start one of the two). It never requests a day that is done, waiting or blocked."""
+    return operating.next_run(context, paths, context.log)

@@ -8,21 +8,32 @@ state its predecessor left (warm-starts, incremental sequences). The runs land i
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines import settings
-from pipelines.resources import GenrankPaths
 from transforms import landing
 
-# Run retries must be enabled on an open-source instance for a job's dagster/max_retries tag to act
-# (daily_job retries a failed run once); the default count stays 0 for every other job.
-INSTANCE_YAML = """\
+# Written by genrank: this line marks a file the project may update (delete the line to keep edits).
+INSTANCE_MARKER = "# genrank local instance (pipelines/runner.py INSTANCE_YAML)"
+# - concurrency.runs (the run queue): one run at a time (2 cores; the daily state of D depends on D-1), dequeued in creation
+#   order, so a daily_job backfill from the UI runs its days in date order; the lane limit is the rule
+#   deploy/dagster.yaml keeps with more concurrent runs.
+# - concurrency pools: one training step and one warehouse writer at a time across runs.
+# - run_retries: must be enabled on an open-source instance for daily_job's dagster/max_retries tag to
+#   act (one retry from the failed step); the default count stays 0 for every other job.
+INSTANCE_YAML = f"""\
+{INSTANCE_MARKER}
 telemetry:
   enabled: false
 concurrency:
+  runs:
+    max_concurrent_runs: 1
+    tag_concurrency_limits:
+      - key: genrank/lane
+        value: daily
+        limit: 1
   pools:
     granularity: op
     default_limit: 1
@@ -33,11 +44,12 @@ run_retries:
 
 
 def local_dagster_home(home: Path) -> Path:
-    """$GENRANK_HOME/dagster_home with the project's instance config (written when missing)."""
+    """$GENRANK_HOME/dagster_home with the project's instance config (written when missing or when it
+    is an older version of the project's own file)."""
     dagster_home = Path(home) / "dagster_home"
     dagster_home.mkdir(parents=True, exist_ok=True)
     cfg = dagster_home / "dagster.yaml"
-    if not cfg.exists():
+    if not cfg.exists() or (cfg.read_text().startswith(INSTANCE_MARKER) and cfg.read_text() != INSTANCE_YAML):
         cfg.write_text(INSTANCE_YAML)
     return dagster_home
 
@@ -63,14 +75,12 @@ class DayResult:
 @dataclass
 class RunSummary:
     days: list[DayResult]
-    teacher_failures: list[str] = field(default_factory=list)  # days before which a due retrain failed
 
     @property
     def ok(self) -> bool:
-        """Every day and every due teacher retrain ran; a challenger refused by a gate is a decision,
+        """Every day ran (its teacher retrain included); a challenger refused by a gate is a decision,
         not a failure of the run."""
-        return (bool(self.days) and all(d.success or _only_gates_failed(d) for d in self.days)
-                and not self.teacher_failures)
+        return bool(self.days) and all(d.success or _only_gates_failed(d) for d in self.days)
 
 
 def _only_gates_failed(d: "DayResult") -> bool:
@@ -96,15 +106,14 @@ SUMMARY_KEYS: dict[tuple[str, str], str] = {
     ("challenger_evaluation", "reasons"): "why",
     ("promotion", "champion_version"): "champion",
 }
-TEACHER_MIN_DAYS = 2      # the first teacher waits for two days of samples (one to train, one to validate)
-TEACHER_EVERY_DAYS = 7    # then it is retrained weekly, like the weekly schedule
+TEACHER_EVERY_DAYS = 7    # the teacher's retrain cadence (assets/training.py TeacherTrainingConfig.every_days)
 
 
 def run_days(start: str | None, end: str | None, home: Path | None = None,
              teacher_every_days: int = TEACHER_EVERY_DAYS) -> RunSummary:
-    """Every complete landing day in [start, end] through the daily job, in order; the teacher job once
-    TEACHER_MIN_DAYS days of samples exist and then every ``teacher_every_days`` days, each time just
-    before the day that uses it."""
+    """Every complete landing day in [start, end] through the daily job, in order. The teacher retrains
+    inside the run of the day that first needs it (two days of samples before it, then every
+    ``teacher_every_days`` days), exactly as under the daemon."""
     home = home or settings.genrank_home()
     days = [d for d in landing.complete_days(home) if (start is None or d >= start) and (end is None or d <= end)]
     if not days:
@@ -113,32 +122,24 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
     instance = prepare_instance(home)
     from pipelines.definitions import defs
 
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    run_config = {"loggers": {"console": {"config": {"log_level": "WARNING"}}},
+                  "ops": {"teacher_model": {"config": {"every_days": teacher_every_days}}}}
     daily = defs.resolve_job_def("daily_job")
-    teacher = defs.resolve_job_def("teacher_job")
     oracle = _oracle_auc_by_day(home)
     results = []
-    teacher_failures = []
-    last_teacher_day: str | None = None
     for day in days:
-        # A retrain runs just before the first day that will use it, so none is wasted after the last day.
-        if _teacher_due(home, day, last_teacher_day, teacher_every_days):
-            t = teacher.execute_in_process(instance=instance, raise_on_error=False, run_config=quiet,
-                                           tags={"genrank/launched_by": "cli"})
-            meta = _materialization_metadata(t, "teacher_model")
-            print(f"{day}  teacher retrained before the day: version {meta.get('version')}, "
-                  f"trained on {meta.get('window')} ({meta.get('steps')} steps)"
-                  + ("" if t.success else f"  FAILED: {_summarise(day, t).error}"), flush=True)
-            if not t.success:
-                teacher_failures.append(day)
-            last_teacher_day = day
-        result = daily.execute_in_process(partition_key=day, instance=instance, raise_on_error=False, run_config=quiet,
-                                          tags={"genrank/launched_by": "cli"})
+        result = daily.execute_in_process(partition_key=day, instance=instance, raise_on_error=False,
+                                          run_config=run_config, tags={"genrank/launched_by": "cli"})
+        teacher = _materialization_metadata(result, "teacher_model")
+        if "window" in teacher:
+            print(f"{day}  teacher {'retrained' if teacher.get('retrained') else 'reused'} before the day: "
+                  f"version {teacher.get('version')}, trained on {teacher.get('window')}"
+                  + (f" ({teacher['steps']} steps)" if "steps" in teacher else ""), flush=True)
         results.append(_summarise(day, result))
         if day in oracle:
             results[-1].figures["oracle_auc"] = oracle[day]
         print(_format_day(results[-1]), flush=True)
-    summary = RunSummary(results, teacher_failures)
+    summary = RunSummary(results)
     refused = sum(_only_gates_failed(r) for r in results)
     print(f"\n{sum(r.success for r in results) + refused}/{len(results)} days ran"
           + (f" ({refused} challenger(s) refused by the gates: a decision, not a failure)." if refused else "."))
@@ -147,21 +148,6 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
     print(f"Dagster: DAGSTER_HOME={os.environ['DAGSTER_HOME']} .venv/bin/genrank ui  (http://localhost:3000)")
     print(f"MLflow:  mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}  (http://localhost:5000)")
     return summary
-
-
-def _teacher_due(home: Path, day: str, last_teacher_day: str | None, every_days: int) -> bool:
-    if len(GenrankPaths(home=str(home)).lake_days("training_samples")) < TEACHER_MIN_DAYS:
-        return False
-    if last_teacher_day is None:
-        return _current_teacher(home) is None
-    gap = (dt.date.fromisoformat(day) - dt.date.fromisoformat(last_teacher_day)).days
-    return gap >= every_days
-
-
-def _current_teacher(home: Path):
-    from deploy import registry
-
-    return registry.default_registry(home).by_alias(registry.TEACHER, "current")
 
 
 def _champion_line(home: Path) -> str:

@@ -24,9 +24,14 @@ def test_definitions_load_and_validate():
     assert {"raw_logs", "events", "user_sequences", "training_samples", "position_buckets", "teacher_model",
             "teacher_logits", "student_candidate", "challenger_evaluation", "promotion"} <= keys
     assert {j.name for j in defs.resolve_all_job_defs()} >= {"daily_job", "teacher_job"}
+    # the landing sensor drives the daily runs; the fixed-time schedule is its stopped alternative
     schedules = {s.name: s for s in defs.schedules}
-    assert schedules["daily_job_schedule"].default_status == dg.DefaultScheduleStatus.RUNNING
+    assert schedules["daily_schedule"].default_status == dg.DefaultScheduleStatus.STOPPED
     assert landing_sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    # every launcher runs the same job, the teacher included (it retrains inside the run when due)
+    daily = defs.resolve_job_def("daily_job")
+    assert dg.AssetKey("teacher_model") in daily.asset_layer.executable_asset_keys
+    assert daily.tags["genrank/lane"] == "daily" and "mark_blocked_run" in {h.name for h in daily.hook_defs}
 
 
 def test_the_daily_student_depends_on_its_previous_day():
@@ -54,31 +59,33 @@ def _land(root: Path, day: str) -> None:
     landing.write_day(root, day, {k: [landing.dumps({"n": 1})] for k in landing.FILE_KINDS})
 
 
-def test_sensor_reports_landed_days_and_requests_ready_partitions(tmp_path):
+def test_sensor_reports_landed_days_and_requests_the_first_ready_day(tmp_path):
     for day in ("2026-01-01", "2026-01-02", "2026-01-03"):
         _land(tmp_path, day)
     today = dt.datetime.now(dt.timezone.utc).date()
     _land(tmp_path, today.isoformat())  # today's day cannot be ready: tomorrow's late clicks are due
-    with dg.build_sensor_context(resources={"paths": GenrankPaths(home=str(tmp_path))}) as ctx:
+    instance = dg.DagsterInstance.ephemeral()
+    with dg.build_sensor_context(instance=instance, resources={"paths": GenrankPaths(home=str(tmp_path))}) as ctx:
         result = landing_sensor(ctx)
     reported = sorted(e.partition for e in result.asset_events)
     assert reported == ["2026-01-01", "2026-01-02", "2026-01-03", today.isoformat()]
-    requests = {r.partition_key: r for r in result.run_requests}
-    assert set(requests) == {"2026-01-01", "2026-01-02", "2026-01-03"}
-    assert requests["2026-01-01"].tags["genrank/next_day_missing"] == "false"
-    assert requests["2026-01-03"].tags["genrank/next_day_missing"] == "true"  # past its grace period
-    assert requests["2026-01-03"].run_key == "2026-01-03:grace"
+    # one day per evaluation, the oldest first: the next is decided once this one has run
+    [request] = result.run_requests
+    assert request.partition_key == "2026-01-01" and request.tags["genrank/next_day_missing"] == "false"
+    assert request.run_key.startswith("2026-01-01:")
     # a later evaluation reports nothing twice
-    with dg.build_sensor_context(cursor=result.cursor, resources={"paths": GenrankPaths(home=str(tmp_path))}) as ctx:
+    with dg.build_sensor_context(instance=instance, cursor=result.cursor,
+                                 resources={"paths": GenrankPaths(home=str(tmp_path))}) as ctx:
         again = landing_sensor(ctx)
     assert again.asset_events == []
-    assert json.loads(again.cursor) == reported
+    assert sorted(json.loads(again.cursor)) == reported
 
 
 def test_incomplete_day_is_not_reported(tmp_path):
     path = landing.write_day(tmp_path, "2026-01-05", {k: [] for k in landing.FILE_KINDS})
     (path / landing.SUCCESS_MARKER).unlink()
-    with dg.build_sensor_context(resources={"paths": GenrankPaths(home=str(tmp_path))}) as ctx:
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(),
+                                 resources={"paths": GenrankPaths(home=str(tmp_path))}) as ctx:
         result = landing_sensor(ctx)
     assert result.asset_events == [] and result.run_requests == []
 
@@ -109,7 +116,7 @@ def test_the_production_instance_config_is_valid_and_keeps_the_local_rules():
     step at a time) and passes every pipeline variable on to the run containers."""
     import yaml
     from dagster._config import validate_config
-    from dagster._core.instance.config import dagster_instance_config_schema
+    from dagster._core.instance.config import dagster_instance_config_schema, validate_concurrency_config
     from dagster_docker import DockerRunLauncher
 
     from pipelines import settings
@@ -118,6 +125,7 @@ def test_the_production_instance_config_is_valid_and_keeps_the_local_rules():
     prod = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())
     checked = validate_config(dagster_instance_config_schema(), prod)
     assert checked.success, [e.message for e in checked.errors]
+    validate_concurrency_config(prod)   # the cross-field rules Dagster applies when it loads the instance
     launcher = prod["run_launcher"]
     assert (launcher["module"], launcher["class"]) == ("dagster_docker", "DockerRunLauncher")
     checked = validate_config(DockerRunLauncher.config_type(), launcher["config"])
@@ -125,8 +133,8 @@ def test_the_production_instance_config_is_valid_and_keeps_the_local_rules():
     assert "postgres_db" in prod["storage"]["postgres"]
 
     local = yaml.safe_load(INSTANCE_YAML)
-    for key in ("run_retries", "concurrency"):
-        assert prod[key] == local[key], key
+    assert prod["run_retries"] == local["run_retries"] and prod["concurrency"]["pools"] == local["concurrency"]["pools"]
+    assert prod["concurrency"]["runs"]["tag_concurrency_limits"] == local["concurrency"]["runs"]["tag_concurrency_limits"]
     passed = {v.split("=", 1)[0] for v in launcher["config"]["env_vars"]}
     pipeline_vars = {k for k in settings.VARIABLES if not k.startswith("GENRANK_SERVE_")}
     assert pipeline_vars <= passed, pipeline_vars - passed

@@ -1,0 +1,196 @@
+"""The operating mode under real services: the landing sensor driving the daily job through a real
+dagster-daemon, and a range backfill launched the way the UI launches it (GraphQL, against a real
+dagster-webserver), each on a fresh home of the tiny world, each compared with `genrank run` over the
+same days (the session's tiny_pipeline). The services bind to 127.0.0.1 and are stopped by PID."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shutil
+import time
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pandas as pd
+import pytest
+from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
+
+from deploy import registry as reg
+from pipelines import operating
+from tests.operating.services import LOCATION, DagsterStack, browse
+from transforms import landing
+
+pytestmark = pytest.mark.slow
+
+FLAKY_LOCATION = Path(__file__).with_name("flaky_location.py")
+RUN_ENV = {
+    "GENRANK_LATENCY_BUDGET_MS": "1e9",   # as tiny_pipeline: wall-clock time must not decide a test
+    "GENRANK_SENSOR_INTERVAL_S": "5",
+    "GENRANK_START_DATE": "2026-01-01",
+}
+
+
+def _land_all(src_home: Path, dst_home: Path, days: list[str]) -> None:
+    """Every day of the source landing zone at once, each renamed into place complete (as a writer does)."""
+    (dst_home / "landing").mkdir(parents=True, exist_ok=True)
+    for day in days:
+        staging = dst_home / "landing" / f".staging-{day}"
+        shutil.copytree(landing.day_dir(src_home, day), staging)
+        staging.rename(landing.day_dir(dst_home, day))
+
+
+def _wait_until(predicate, stack: DagsterStack, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(5)
+    raise TimeoutError(f"{what} after {timeout_s:.0f} s\n{stack.logs()}")
+
+
+def _daily_runs(instance: dg.DagsterInstance) -> list[dg.RunRecord]:
+    return sorted(instance.get_run_records(dg.RunsFilter(job_name="daily_job")), key=lambda r: r.start_time or 0)
+
+
+def _assert_serial_and_in_date_order(records: list[dg.RunRecord]) -> list[str]:
+    """No two runs in progress at once (start/end times from the instance); days in date order."""
+    for earlier, later in zip(records, records[1:]):
+        assert earlier.end_time <= later.start_time, (earlier.dagster_run.run_id, later.dagster_run.run_id)
+    days = [r.dagster_run.tags["dagster/partition"] for r in records]
+    assert days == sorted(days), days
+    return days
+
+
+def _champion_line(stdout: str) -> tuple[str, str]:
+    match = re.search(r"Champion: genrank-ctr v(\d+) \(trained on [^,]+, teacher v\d+, out-of-time AUC ([0-9.]+)\)", stdout)
+    assert match, stdout[-2000:]
+    return match.group(1), match.group(2)
+
+
+def _assert_same_results(home: Path, reference_home: Path, reference_stdout: str, days: list[str]) -> None:
+    """What `genrank run` produced: the sequence store, the samples, the teacher's cached logits (within
+    1e-6: the same seeds in another process) and the champion with its out-of-time AUC."""
+    for dataset in ("user_sequences", "training_samples"):
+        for day in days:
+            ours = pd.read_parquet(home / "lake" / dataset / f"date={day}")
+            theirs = pd.read_parquet(reference_home / "lake" / dataset / f"date={day}")
+            pd.testing.assert_frame_equal(ours, theirs, obj=f"{dataset} {day}")
+    logits = sorted(p.parent.name for p in (reference_home / "lake" / "teacher_logits").glob("date=*/part-0.parquet"))
+    assert logits and logits == sorted(p.parent.name for p in (home / "lake" / "teacher_logits").glob("date=*/part-0.parquet"))
+    for part in logits:
+        ours = pd.read_parquet(home / "lake" / "teacher_logits" / part / "part-0.parquet")
+        theirs = pd.read_parquet(reference_home / "lake" / "teacher_logits" / part / "part-0.parquet")
+        assert list(ours["impression_id"]) == list(theirs["impression_id"])
+        np.testing.assert_allclose(ours["p"], theirs["p"], atol=1e-6)
+    champion = reg.default_registry(home).by_alias(reg.CTR, "champion")
+    assert champion is not None
+    assert (champion.version, champion.tags["oot_auc"]) == _champion_line(reference_stdout)
+
+
+def test_the_landing_sensor_runs_new_days_in_order_under_the_daemon(tiny_pipeline, tmp_path):
+    """Four days landed at once: the sensor starts one daily run at a time in date order; the teacher is
+    trained inside the first run that needs it; a transient failure of day 2's dbt step is retried once
+    from that step; the result is what `genrank run` gives; afterwards nothing more is requested."""
+    reference_home, report, reference_stdout = tiny_pipeline
+    home = tmp_path / "home"
+    home.mkdir()
+    marker = tmp_path / "failed-once"
+    stack = DagsterStack(home, FLAKY_LOCATION, {**RUN_ENV, "GENRANK_TEST_FAIL_ONCE": f"{report.days[1]}:{marker}"},
+                         webserver=False)
+    try:
+        started = time.monotonic()
+        _land_all(reference_home, home, report.days)
+        instance = dg.DagsterInstance.from_config(str(stack.dagster_home))
+
+        def settled():
+            plan = operating.plan_next_day(instance, home, dt.datetime.now(dt.timezone.utc), 6.0)
+            assert " is blocked" not in plan.reason, f"{plan.reason}\n{stack.logs()}"
+            return plan.request is None and plan.reason == f"all {len(report.days)} landed day(s) are done"
+
+        _wait_until(settled, stack, 1500, "the daemon did not finish the landed days")
+        print(f"daemon-driven days: {time.monotonic() - started:.0f} s")
+        records = _daily_runs(instance)
+        days = _assert_serial_and_in_date_order(records)
+        assert days == [report.days[0], report.days[1], report.days[1], *report.days[2:]]
+        assert marker.exists()
+        failed, retry = records[1].dagster_run, records[2].dagster_run
+        assert failed.status == dg.DagsterRunStatus.FAILURE and failed.tags["dagster/will_retry"] == "true"
+        assert retry.parent_run_id == failed.run_id and retry.status == dg.DagsterRunStatus.SUCCESS
+        steps = {r.event_log_entry.step_key for r in instance.get_records_for_run(
+            retry.run_id, of_type=dg.DagsterEventType.STEP_START).records}
+        assert "sequence_models" in steps and "events" not in steps   # retried from the failed step
+        assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records if r is not records[1])
+        # the first teacher trained inside day 3's run, as `genrank run` trains it
+        teacher = [e for e in instance.fetch_materializations(dg.AssetKey("teacher_model"), limit=10).records
+                   if e.asset_materialization.metadata["retrained"].value]
+        assert [instance.get_run_by_id(t.run_id).tags["dagster/partition"] for t in teacher] == [report.days[2]]
+        _assert_same_results(home, reference_home, reference_stdout, report.days)
+        # several more sensor ticks: nothing is requested again
+        time.sleep(20)
+        assert len(_daily_runs(instance)) == len(records)
+        assert not instance.get_runs(dg.RunsFilter(statuses=NOT_FINISHED_STATUSES))
+    finally:
+        stack.stop()
+
+
+BACKFILL = """
+mutation($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message }
+    ... on InvalidSubsetError { message }
+  }
+}"""
+
+STOP_SENSOR = """
+query($selector: SensorSelector!) { sensorOrError(sensorSelector: $selector) {
+  __typename ... on Sensor { id sensorState { id status } } } }"""
+
+
+def test_a_ui_range_backfill_runs_the_days_in_order_and_the_ui_shows_it(tiny_pipeline, tmp_path):
+    """A daily_job backfill of every tiny day launched through the webserver's GraphQL API (what the
+    UI's "Launch backfill" sends): one queued run per day, run in date order, with `genrank run`'s
+    results; then headless Chromium renders the asset graph and the backfill page."""
+    reference_home, report, reference_stdout = tiny_pipeline
+    home = tmp_path / "home"
+    home.mkdir()
+    stack = DagsterStack(home, FLAKY_LOCATION, RUN_ENV, webserver=True)
+    try:
+        repo = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__"}
+        # the operator pauses the landing sensor first, as in the UI, so only the backfill runs days
+        sensor = stack.graphql(STOP_SENSOR, {"selector": {**repo, "sensorName": "landing_sensor"}})["sensorOrError"]
+        stopped = stack.graphql("mutation($id: String) { stopSensor(id: $id) { __typename "
+                                "... on StopSensorMutationResult { instigationState { status } } } }",
+                                {"id": sensor["sensorState"]["id"]})
+        assert stopped["stopSensor"]["instigationState"]["status"] == "STOPPED"
+        _land_all(reference_home, home, report.days)
+        started = time.monotonic()
+        launched = stack.graphql(BACKFILL, {"params": {
+            "selector": {"partitionSetName": "daily_job_partition_set", "repositorySelector": repo},
+            "partitionNames": report.days, "title": "tiny world, every day"}})["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+        backfill_id = launched["backfillId"]
+        instance = dg.DagsterInstance.from_config(str(stack.dagster_home))
+        _wait_until(lambda: instance.get_backfill(backfill_id).status.value in ("COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED")
+                    and not instance.get_runs(dg.RunsFilter(statuses=NOT_FINISHED_STATUSES)),
+                    stack, 1500, "the backfill did not complete")
+        print(f"backfill of {len(report.days)} days: {time.monotonic() - started:.0f} s")
+        records = _daily_runs(instance)
+        assert _assert_serial_and_in_date_order(records) == report.days
+        assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records), stack.logs()
+        assert {r.dagster_run.tags.get("dagster/backfill") for r in records} == {backfill_id}
+        _assert_same_results(home, reference_home, reference_stdout, report.days)
+
+        graph = browse(f"{stack.url}/asset-groups", tmp_path / "asset-graph.png")
+        for group in ("ingest", "sequences", "models"):
+            assert group in graph, group
+        page = browse(f"{stack.url}/runs/b/{backfill_id}", tmp_path / "backfill.png")
+        assert backfill_id in page and "tiny world, every day" in page
+        assert "Completed" in page or "Success" in page
+        print(f"screenshots: {tmp_path / 'asset-graph.png'} {tmp_path / 'backfill.png'}")
+    finally:
+        stack.stop()

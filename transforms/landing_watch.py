@@ -1,0 +1,81 @@
+"""What a watcher of the landing zone needs: which days are usable, why the others are not, and a
+fingerprint of what one day's events job reads.
+
+The landing sensor decides from these whether a day is new, unchanged since its last successful run,
+or changed (a file replaced, a file set aside by an operator, D+1 landed after a grace-period run).
+The fingerprint stats files instead of hashing them: a sensor evaluates every landed day every tick,
+and replacing a file changes its size or modification time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from transforms.landing import SUCCESS_MARKER, day_dir
+
+
+@dataclass(frozen=True)
+class LandingScan:
+    complete: list[str]   # ISO days with a readable _SUCCESS document, sorted
+    problems: list[str]   # one line per landing entry that is skipped, naming its path and why
+
+
+def scan(root: str | os.PathLike) -> LandingScan:
+    """The complete days of the landing zone, and every entry skipped with the reason.
+
+    Skipped: a directory that is not ``date=YYYY-MM-DD``, a day without ``_SUCCESS`` (still being
+    written, or written without the marker), a ``_SUCCESS`` that is not a JSON object with ``files``.
+    """
+    base = Path(root) / "landing"
+    if not base.is_dir():
+        return LandingScan([], [])
+    complete, problems = [], []
+    for entry in sorted(base.iterdir()):
+        if entry.name.startswith("."):   # a writer's staging directory (transforms/atomic.staged_dir)
+            continue
+        day = entry.name.removeprefix("date=")
+        if not entry.is_dir() or not entry.name.startswith("date=") or not _is_iso_date(day):
+            problems.append(f"{entry}: not a landing day (expected a directory date=YYYY-MM-DD); skipped")
+            continue
+        marker = entry / SUCCESS_MARKER
+        if not marker.exists():
+            problems.append(f"{marker}: missing, so {day} is incomplete (its writer has not finished); skipped")
+            continue
+        try:
+            document = json.loads(marker.read_text() or "{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            problems.append(f"{marker}: not a JSON document ({exc}); {day} skipped until it is rewritten")
+            continue
+        if not isinstance(document, dict) or not isinstance(document.get("files", {}), dict):
+            problems.append(f"{marker}: expected a JSON object with a 'files' object; {day} skipped until it is rewritten")
+            continue
+        complete.append(day)
+    return LandingScan(complete, problems)
+
+
+def day_fingerprint(root: str | os.PathLike, day: str, include_next: bool) -> str:
+    """A short digest of what events(day) reads: the day's files and ``_SUCCESS`` and, when the run uses
+    it, D+1's (late clicks label D's impressions). Any added, removed or replaced file changes it."""
+    digest = hashlib.sha256()
+    days = [day, (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()] if include_next else [day]
+    for d in days:
+        folder = day_dir(root, d)
+        digest.update(f"{d}\n".encode())
+        for f in sorted(folder.iterdir()):
+            if f.is_file() and not f.name.startswith("."):
+                st = f.stat()
+                digest.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        digest.update((folder / SUCCESS_MARKER).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _is_iso_date(text: str) -> bool:
+    try:
+        return dt.date.fromisoformat(text).isoformat() == text
+    except ValueError:
+        return False
