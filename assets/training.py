@@ -206,7 +206,7 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConf
     r.ensure_registered(reg.TEACHER, "Full-token CADET-style teacher; its cached logits distil the student.")
     exp = r.experiment_id(reg.TEACHER)
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = Path(save_model(result.model, str(Path(tmp) / "teacher.pt"), metadata={"window": days}))
+        ckpt = Path(save_model(result.model, str(Path(tmp) / "teacher.safetensors"), metadata={"window": days}))
         run = r.client.create_run(exp, run_name=f"teacher-{days[-1]}", tags={"window": f"{days[0]}..{days[-1]}"})
         for k, v in dataclasses.asdict(cfg).items():
             r.client.log_param(run.info.run_id, k, str(v)[:500])
@@ -362,7 +362,7 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         result = train_student(str(train_samples), logits[["impression_id", "p"]], student_cfg, train_cfg,
                                init_from=init, ckpt_dir=str(ckpt_dir), resume=True)
         seconds = time.perf_counter() - started
-        ckpt = Path(save_model(result.model, str(tmp / "student.pt"), metadata={"partition": day}))
+        ckpt = Path(save_model(result.model, str(tmp / "student.safetensors"), metadata={"partition": day}))
         bundle = write_bundle(result.model, tmp / "serving")  # its parity is a gate of the next day's run
         run = r.client.create_run(exp, run_name=f"student-{day}", tags={"partition": day})
         for k, v in dataclasses.asdict(student_cfg).items():

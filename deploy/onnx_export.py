@@ -39,6 +39,7 @@ from models.student import Student
 INPUT_NAMES = ("ev_feats", "ev_group", "hist_ts", "cand_feats", "cand_ts")
 CROSS_INPUT = "cand_cross"
 ONNX_FILE, CONFIG_FILE = "model.onnx", "serving.json"
+ONNX_SHA256_TAG = "onnx_sha256"  # the registry tag the service checks the downloaded graph against
 OUTPUT_NAME = "probs"
 OPSET = 18
 PARITY_TOLERANCE = 1e-4  # max |p_onnx - p_torch| over a request's candidates and buckets

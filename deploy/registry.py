@@ -3,9 +3,10 @@
 Registered models: ``genrank-teacher`` (alias ``current``: the teacher whose logits are cached) and
 ``genrank-ctr`` (the served student; aliases ``champion`` = serving, ``challenger`` = waiting for
 tomorrow's out-of-time evaluation, ``previous`` = what ``genrank rollback`` restores). Every version
-is a pyfunc model wrapping the torch checkpoint, logged with an input example and a signature; its
-tags carry the data window, teacher version, code version, metrics and the gate decision, and its
-description is a short model card.
+is a pyfunc model logged as code (``deploy/pyfunc_model.py``, MLflow's models-from-code: nothing is
+pickled) over the safetensors checkpoint, with an input example and a signature; its tags carry the
+data window, teacher version, code version, metrics, the gate decision and the sha256 of the ONNX
+graph that serves (checked by the service before it swaps), and its description is a short model card.
 """
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from deploy.onnx_export import ONNX_FILE, ONNX_SHA256_TAG
+
 TEACHER = "genrank-teacher"
 CTR = "genrank-ctr"
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+PYFUNC_CODE = Path(__file__).resolve().with_name("pyfunc_model.py")
+CHECKPOINT_GLOB = "*.safetensors"
 
 
 def code_version() -> str:
@@ -41,30 +45,6 @@ def data_fingerprint(paths: list[Path]) -> str:
             h.update(f.name.encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:12]
-
-
-class GenrankPyfunc:
-    """MLflow pyfunc wrapper: scores a training-samples-shaped DataFrame with the torch checkpoint."""
-
-    def load_context(self, context) -> None:
-        from models import load_model
-
-        self.model = load_model(context.artifacts["checkpoint"])
-
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        from models import predict
-
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "part-0.parquet"
-            model_input.to_parquet(path, index=False)
-            out = predict(self.model, str(path))
-        return out.drop(columns=["user_id"])
-
-
-def _pyfunc_class():
-    import mlflow.pyfunc
-
-    return type("GenrankModel", (GenrankPyfunc, mlflow.pyfunc.PythonModel), {"__module__": __name__})
 
 
 @dataclass
@@ -98,16 +78,22 @@ class Registry:
     def log_version(self, name: str, run_id: str, checkpoint: Path, input_example: pd.DataFrame,
                     output_example: pd.DataFrame, tags: dict[str, str], description: str,
                     extra_artifacts: dict[str, Path] | None = None) -> str:
-        """Log the checkpoint (and ``extra_artifacts``, e.g. the ONNX graph that serves) as a pyfunc
-        model under ``run_id`` and register it; returns the version."""
+        """Log the checkpoint (and ``extra_artifacts``, e.g. the ONNX graph that serves, whose sha256
+        becomes the version's ``onnx_sha256`` tag) as a pyfunc model under ``run_id`` and register it;
+        returns the version."""
         import mlflow
         from mlflow.models import infer_signature
 
+        extra = {k: Path(v) for k, v in (extra_artifacts or {}).items()}
+        graphs = sorted(f for p in extra.values() for f in ([p] if p.is_file() else p.rglob(ONNX_FILE))
+                        if f.name == ONNX_FILE)
+        if graphs:
+            tags = {**tags, ONNX_SHA256_TAG: hashlib.sha256(graphs[0].read_bytes()).hexdigest()}
         with mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
                 name="model",
-                python_model=_pyfunc_class()(),
-                artifacts={"checkpoint": str(checkpoint), **{k: str(v) for k, v in (extra_artifacts or {}).items()}},
+                python_model=str(PYFUNC_CODE),  # models-from-code: loading runs our file, unpickles nothing
+                artifacts={"checkpoint": str(checkpoint), **{k: str(v) for k, v in extra.items()}},
                 input_example=input_example,
                 signature=infer_signature(input_example, output_example),
                 pip_requirements=["genrank"],  # the project itself: avoids slow requirement inference
@@ -162,8 +148,8 @@ class Registry:
         return files[0]
 
     def checkpoint(self, name: str, version: str, dst: Path) -> Path:
-        """Download a version's torch checkpoint; returns its local path."""
-        return self.artifact(name, version, dst, "*.pt")
+        """Download a version's safetensors checkpoint; returns its local path."""
+        return self.artifact(name, version, dst, CHECKPOINT_GLOB)
 
     def tag(self, name: str, version: str, tags: dict[str, object]) -> None:
         for k, v in tags.items():

@@ -12,16 +12,16 @@ Public API (what the pipeline calls)
     # weekly: full-token teacher over a trailing window of training_samples
     res = train_teacher(["lake/training_samples/date=2026-01-01", ...], TeacherConfig(), TrainConfig(),
                         val_paths="lake/training_samples/date=2026-01-08", ckpt_dir="ckpt/teacher")
-    save_model(res.model, "teacher.pt", metadata={...})     # atomic; load_model("teacher.pt")
+    save_model(res.model, "teacher.safetensors", metadata={...})  # atomic; load_model("teacher.safetensors")
 
     # daily: teacher probabilities for day D's impressions (cache as Parquet keyed by impression_id)
-    probs = predict(load_model("teacher.pt"), "lake/training_samples/date=D")
+    probs = predict(load_model("teacher.safetensors"), "lake/training_samples/date=D")
     #   -> DataFrame(impression_id, user_id, position_bucket, p_bucket_0..K-1, p, logit)
     #      p / logit: the head of the impression's real position bucket (serving conditions)
 
     # daily: student warm-started from yesterday's candidate, labels + KD on the teacher's p
     res = train_student("lake/training_samples/date=D", probs[["impression_id", "p"]], StudentConfig(),
-                        TrainConfig(), init_from="student_prev.pt")
+                        TrainConfig(), init_from="student_prev.safetensors")
     metrics = evaluate(res.model, "lake/training_samples/date=D+1")
     #   -> auc, gauc, logloss, bucket{k}_auc / _calibration / _n, tokens_per_s, len_before/after_avg/p90, ...
 

@@ -5,7 +5,7 @@
     predict(model, samples_paths) -> DataFrame(impression_id, user_id, position_bucket,
                                                p_bucket_0..K-1, p, logit)
     evaluate(model, samples_paths) -> dict (AUC, GAUC, log-loss, per-bucket calibration, lengths, tokens/s)
-    save_model(model, path) / load_model(path)
+    save_model(model, path) / load_model(path)      safetensors: weights + JSON config, never a pickle
 
 AdamW (no decay on norms, biases, embeddings), linear warm-up, gradient clipping, bf16 autocast
 on CUDA only, atomic checkpoints with exact resume (model, optimizer, scheduler, data position,
@@ -17,6 +17,7 @@ Validation and prediction always run under serving conditions (delay mask on, no
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -55,19 +56,37 @@ def _atomic_save(obj, path: str):
 
 
 def save_model(model: nn.Module, path: str, metadata: dict | None = None) -> str:
-    """Weights + config + kind in one file (atomic)."""
+    """Weights as safetensors with the kind, config and metadata as JSON in its header (atomic). No pickle:
+    whoever can write a checkpoint can change a model's weights, never run code where it is loaded."""
+    from safetensors.torch import save_model as save_safetensors
+
     m = _unwrap(model)
-    _atomic_save({"kind": m.kind, "config": to_dict(m.cfg), "state_dict": m.state_dict(), "metadata": metadata or {}}, path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    save_safetensors(m, tmp, metadata={"kind": m.kind, "config": json.dumps(to_dict(m.cfg)),
+                                       "metadata": json.dumps(metadata or {})})
+    os.replace(tmp, path)
     return path
 
 
 def load_model(path: str, map_location="cpu") -> nn.Module:
-    blob = torch.load(path, map_location=map_location, weights_only=False)
-    cfg = from_dict(TeacherConfig if blob["kind"] == "teacher" else StudentConfig, blob["config"])
+    """A model saved by ``save_model``; anything else (a pickle in particular) is refused unread."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_model as load_safetensors
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            header = f.metadata() or {}
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{path} is not a safetensors checkpoint ({exc}); refusing it: checkpoints are "
+                         "never unpickled") from exc
+    if header.get("kind") not in ("teacher", "student") or "config" not in header:
+        raise ValueError(f"{path}: a safetensors file without genrank's kind/config header")
+    cfg = from_dict(TeacherConfig if header["kind"] == "teacher" else StudentConfig, json.loads(header["config"]))
     model = build_model(cfg)
-    model.load_state_dict(blob["state_dict"])
-    model.metadata = blob.get("metadata", {})
-    return model
+    load_safetensors(model, path, strict=True, device=str(map_location))
+    model.metadata = json.loads(header.get("metadata", "{}"))
+    return model.eval()  # loaded to score (id dropout off); fit() switches to training mode itself
 
 
 # ----------------------------------------------------------------------------- distributed
@@ -134,7 +153,7 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
     step, epoch0, skip = 0, 0, 0
     if ckpt_dir and resume and os.path.exists(_ckpt_path(ckpt_dir)):
-        ck = torch.load(_ckpt_path(ckpt_dir), map_location=device, weights_only=False)
+        ck = torch.load(_ckpt_path(ckpt_dir), map_location=device, weights_only=True)  # tensors and plain data only
         core.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         sched.load_state_dict(ck["sched"])
