@@ -6,19 +6,27 @@
     GET  /healthz    200 once a model is loaded, 503 before
     GET  /v1/model   the loaded version, its config, providers and the sequence store's day
 
-Hot swap: a watcher thread polls the champion alias (and the sequence store) every ``poll_s``; a new
-champion is downloaded and its onnxruntime session built beside the old one, then one reference is
-swapped. A request reads that reference once, so requests in flight finish on the model they started
-with and none is dropped.
+Hot swap: a watcher thread polls the champion alias (and the online store) every ``poll_s``; a new
+champion is downloaded, its ONNX file checked against the version's ``onnx_sha256`` tag, and its
+onnxruntime session built beside the old one, then one reference is swapped. A request reads that
+reference once, so requests in flight finish on the model they started with and none is dropped.
 
-Bad input is the client's problem and says so: malformed JSON, wrong types, unknown fields, too many
-candidates or history events get a 422 that names the field; a body over the size limit a 413; an
-unknown user without an inline history a 404 (send ``history: []`` to score a new user cold). Unknown
+Scale: histories come from the online store (deploy/sequence_store.py), one user per request, never
+from the lake; a request is prepared with numpy (deploy/event_codec.py) and JSON goes through orjson.
+``genrank serve --workers N`` runs N processes, each with its own session, watcher and store handle.
+
+Bad input is the client's problem and says so: malformed JSON, non-finite numbers, wrong types, unknown
+fields, too many candidates or history events get a 422 that names the field; a body over the size
+limit a 413 (counted while reading, however the body is framed); an unknown user without an inline
+history a 404 (send ``history: []`` to score a new user cold); a store that is missing, half-written or
+of another format a 503 that says which. Unknown
 ad, campaign or category ids are not errors: they are hashed like every id, as at training time.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import shutil
 import threading
 import time
@@ -28,23 +36,26 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-import pandas as pd
-from fastapi import FastAPI, HTTPException, Request
+import orjson
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
 
-from deploy.onnx_export import ONNX_FILE, OnnxScorer, ServingBundle, find_bundle, request_arrays
-from deploy.sequence_store import SequenceStore
+from deploy.event_codec import EventArrays, encode, to_sample
+from deploy.onnx_export import ONNX_FILE, ONNX_SHA256_TAG, OnnxScorer, ServingBundle, find_bundle, request_arrays
+from deploy.request_body import decode_json, read_limited
+from deploy.sequence_store import OnlineStore, StoreUnavailable, open_store
 from models.config import StudentConfig
-from models.data import request_tokens, sample_from_frame
+from models.data import request_tokens
 
 log = logging.getLogger("genrank.serve")
 
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    home: Path                       # GENRANK_HOME: lake/ (sequence store) and the model cache
+    home: Path                       # GENRANK_HOME: the embedded online store and the model cache
     tracking_uri: str                # MLflow registry holding genrank-ctr
+    store: str = ""                  # GENRANK_ONLINE_STORE: empty = LMDB under home, else a redis:// URL
     model_name: str = "genrank-ctr"
     alias: str = "champion"
     poll_s: float = 15.0             # how often the alias and the sequence store are re-read (0 = never)
@@ -61,8 +72,15 @@ def _id(value):
     return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
-Id = Annotated[str, BeforeValidator(_id), Field(min_length=1, max_length=256)]
-OptId = Annotated[str, BeforeValidator(_id), Field(max_length=256)] | None
+def _at_most_256_bytes(value: str) -> str:
+    if len(value.encode()) > 256:
+        raise ValueError(f"at most 256 bytes (UTF-8), got {len(value.encode())}")
+    return value
+
+
+Id = Annotated[str, BeforeValidator(_id), Field(min_length=1), AfterValidator(_at_most_256_bytes)]
+OptId = Annotated[str, BeforeValidator(_id), AfterValidator(_at_most_256_bytes)] | None
+UserId = Annotated[StrictStr, Field(min_length=1), AfterValidator(_at_most_256_bytes)]  # store keys: strings only
 
 
 class ItemFeatures(BaseModel):
@@ -97,26 +115,10 @@ class HistoryEvent(ItemFeatures):
 
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    user_id: OptId = None
+    user_id: UserId | None = None
     history: list[HistoryEvent] | None = None
     candidates: list[Candidate] = Field(min_length=1)
     request_ts_ms: int | None = Field(default=None, ge=0, le=MAX_TS_MS)
-
-
-class CandidateScore(BaseModel):
-    ad_id: str
-    p: list[float]  # P(click | the ad shown in position bucket k), k = 0..K-1
-
-
-class ScoreResponse(BaseModel):
-    model_version: str
-    user_id: str | None
-    history_source: Literal["store", "inline"]
-    history_events: int
-    history_tokens: int
-    request_ts_ms: int
-    buckets: int
-    scores: list[CandidateScore]
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -129,6 +131,15 @@ class LoadedModel:
     config: StudentConfig
     scorer: OnnxScorer
     loaded_at: float
+
+
+def verify_sha256(path: Path, expected: str | None, what: str) -> None:
+    """Refuse a graph whose bytes are not the ones registered (a tampered artifact store or cache)."""
+    if not expected:
+        raise ValueError(f"{what} has no {ONNX_SHA256_TAG} tag: refusing to serve an unverifiable graph")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != expected:
+        raise ValueError(f"{what}: {path.name} has sha256 {digest}, the registry says {expected}: refusing it")
 
 
 class ModelWatcher:
@@ -154,6 +165,7 @@ class ModelWatcher:
             shutil.rmtree(folder, ignore_errors=True)
             tmp.replace(folder)
         bundle = find_bundle(folder)
+        verify_sha256(bundle.onnx, mv.tags.get(ONNX_SHA256_TAG), f"{self.cfg.model_name} v{mv.version}")
         loaded = LoadedModel(str(mv.version), mv.run_id, bundle, bundle.student_config(),
                              OnnxScorer(bundle.onnx, self.cfg.threads), time.time())
         old, self.current = self.current, loaded
@@ -161,39 +173,90 @@ class ModelWatcher:
         return True
 
 
+# ------------------------------------------------------------------------------------------ store
+
+class StoreHandle:
+    """The online store as the service holds it: reopened on refresh, kept when a replacement is unusable."""
+
+    def __init__(self, cfg: ServiceConfig):
+        self.cfg = cfg
+        self.store: OnlineStore | None = None
+        self.error: str | None = None
+        self.as_of: str | None = None
+        self.users = 0
+
+    def refresh(self) -> None:
+        try:
+            if self.store is None:
+                self.store = open_store(self.cfg.store, self.cfg.home)
+            meta = self.store.refresh()
+            self.as_of, self.users, self.error = meta.as_of, meta.users, None
+        except StoreUnavailable as exc:  # keep the store already open, if any; say why in every 503
+            self.error = str(exc)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def history(self, user_id: str, hash_key: str) -> tuple[str, EventArrays | None]:
+        if self.store is None:
+            raise HTTPException(503, f"the online store is unavailable: {self.error}")
+        try:
+            meta, events = self.store.lookup(user_id)
+        except StoreUnavailable as exc:
+            raise HTTPException(503, f"the online store is unavailable: {exc}") from None
+        if meta.hash_key != hash_key:
+            raise HTTPException(503, f"the online store hashed ids with key {meta.hash_key!r}, the model with "
+                                     f"{hash_key!r}: rebuild the store for this model")
+        return meta.as_of, events
+
+
+# ------------------------------------------------------------------------------------------ requests
+
+HISTORY_FIELDS = tuple(HistoryEvent.model_fields)
+CANDIDATE_FIELDS = tuple(ItemFeatures.model_fields)
+
+
+def _inline_history(events: list[HistoryEvent], hash_key: str) -> EventArrays:
+    cols = {f: np.array([getattr(e, f) for e in events], dtype=object) for f in HISTORY_FIELDS}
+    arrays = encode(cols, hash_key)
+    return arrays.take(np.argsort(arrays.ts, kind="stable"))
+
+
+def candidate_events(cands: list[Candidate], ts_ms: int, hash_key: str) -> EventArrays:
+    cols = {f: np.array([getattr(c, f) for c in cands], dtype=object) for f in CANDIDATE_FIELDS}
+    cols.update(item_id=np.array([c.ad_id for c in cands], dtype=object), ts_ms=np.full(len(cands), ts_ms),
+                event_kind=np.full(len(cands), "impression", dtype=object))
+    return encode(cols, hash_key)
+
+
+def _validation_422(exc: ValidationError) -> HTTPException:
+    return HTTPException(422, [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+                               for e in exc.errors(include_url=False, include_context=False, include_input=False)])
+
+
+def _json(payload, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
 # ------------------------------------------------------------------------------------------ app
-
-def _history_frame(events: list[HistoryEvent]) -> pd.DataFrame:
-    rows = [e.model_dump() for e in events]
-    df = pd.DataFrame(rows, columns=list(HistoryEvent.model_fields))
-    return df.sort_values("ts_ms", kind="stable").reset_index(drop=True)
-
-
-def _candidate_frame(cands: list[Candidate], ts_ms: int) -> pd.DataFrame:
-    df = pd.DataFrame([c.model_dump() for c in cands], columns=list(Candidate.model_fields))
-    return df.rename(columns={"ad_id": "item_id"}).assign(ts_ms=ts_ms, event_kind="impression")
-
 
 def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
     """The app; ``watch=False`` leaves polling to the caller (tests call ``app.state.refresh()``)."""
     models = ModelWatcher(cfg)
-    store: dict[str, SequenceStore] = {}
+    store = StoreHandle(cfg)
     stop = threading.Event()
 
     def refresh() -> None:
         try:
             models.refresh()
-            cur = models.current
-            if cur is not None:
-                max_len = cur.config.max_len
-                if "s" not in store or store["s"].max_events != max_len:
-                    store["s"] = SequenceStore(cfg.home / "lake", max_len)
-                store["s"].refresh()
             models.last_error = None
         except Exception as exc:  # a failed reload keeps serving the model it has
             models.last_error = f"{type(exc).__name__}: {exc}"
-            log.exception("model / store refresh failed; still serving %s",
+            log.exception("model refresh failed; still serving %s",
                           models.current.version if models.current else "nothing")
+        store.refresh()
 
     def watcher() -> None:
         while not stop.wait(cfg.poll_s):
@@ -206,19 +269,12 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
             threading.Thread(target=watcher, name="genrank-model-watcher", daemon=True).start()
         yield
         stop.set()
+        store.close()
 
     app = FastAPI(title="genrank scoring service", version="1", lifespan=lifespan)
     app.state.refresh = refresh
     app.state.models = models
     app.state.store = store
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
-            return JSONResponse(status_code=413, content={
-                "detail": f"request body of {length} bytes exceeds the limit of {cfg.max_body_bytes} bytes"})
-        return await call_next(request)
 
     @app.get("/healthz")
     def healthz():
@@ -232,18 +288,20 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
         cur = models.current
         if cur is None:
             raise HTTPException(503, f"no {cfg.model_name}@{cfg.alias} loaded yet ({models.last_error or 'none registered'})")
-        s = store.get("s")
         c = cur.config
         return {"name": cfg.model_name, "alias": cfg.alias, "version": cur.version, "run_id": cur.run_id,
                 "loaded_at": cur.loaded_at, "providers": cur.scorer.providers, "buckets": c.backbone.n_buckets,
-                "max_history_events": c.max_len, "delay_ms": c.mask.delay_ms,
-                "sequence_store": {"as_of": s.as_of if s else None, "users": s.n_users if s else 0},
+                "max_history_events": c.max_len, "delay_ms": c.mask.delay_ms, "worker_pid": os.getpid(),
+                "sequence_store": {"as_of": store.as_of, "users": store.users, "error": store.error},
                 "limits": {"max_candidates": cfg.max_candidates, "max_history": cfg.max_history,
                            "max_body_bytes": cfg.max_body_bytes},
                 "last_refresh_error": models.last_error}
 
-    @app.post("/v1/score", response_model=ScoreResponse)
-    def score(req: ScoreRequest):
+    def score_body(body: bytes) -> Response:
+        try:
+            req = ScoreRequest.model_validate(decode_json(body))
+        except ValidationError as exc:
+            raise _validation_422(exc) from None
         cur = models.current  # read once: a swap during this request does not affect it
         if cur is None:
             raise HTTPException(503, f"no {cfg.model_name}@{cfg.alias} loaded yet")
@@ -252,29 +310,34 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
         if req.history is not None and len(req.history) > cfg.max_history:
             raise HTTPException(422, f"history: {len(req.history)} events exceed the limit of {cfg.max_history}")
         if req.history is None and req.user_id is None:
-            raise HTTPException(422, "give a user_id (history from the sequence store) or an inline history "
-                                     "(an empty list scores a new user)")
+            raise HTTPException(422, "user_id: give a user_id (history from the sequence store) or an inline "
+                                     "history (an empty list scores a new user)")
         c = cur.config
+        key = c.features.hash_key
         if req.history is not None:
-            hist, source = _history_frame(req.history), "inline"
+            hist, source = _inline_history(req.history, key), "inline"
         else:
-            s = store.get("s")
-            hist = s.history(req.user_id) if s is not None else None
+            as_of, hist = store.history(req.user_id, key)
             if hist is None:
-                raise HTTPException(404, f"user {req.user_id!r} has no sequence in the store (as of "
-                                         f"{s.as_of if s else 'never built'}); send an inline history "
-                                         "(history: [] scores a new user)")
+                raise HTTPException(404, f"user {req.user_id!r} has no sequence in the store (as of {as_of}); "
+                                         "send an inline history (history: [] scores a new user)")
             source = "store"
         ts = req.request_ts_ms if req.request_ts_ms is not None else int(time.time() * 1000)
-        hist = hist[hist["ts_ms"] <= ts]  # a request sees nothing from its own future
-        tokens = request_tokens(sample_from_frame(hist, c.features), sample_from_frame(
-            _candidate_frame(req.candidates, ts), c.features), c)
-        probs = cur.scorer.score(request_arrays(tokens))
-        return ScoreResponse(
-            model_version=cur.version, user_id=req.user_id, history_source=source,
-            history_events=int(tokens.n_events), history_tokens=int(tokens.n_groups), request_ts_ms=ts,
-            buckets=int(probs.shape[1]),
-            scores=[CandidateScore(ad_id=cd.ad_id, p=[float(x) for x in np.asarray(row)])
-                    for cd, row in zip(req.candidates, probs)])
+        hist = hist.take(hist.ts <= ts)  # a request sees nothing from its own future
+        tokens = request_tokens(to_sample(hist, c.features),
+                                to_sample(candidate_events(req.candidates, ts, key), c.features), c)
+        probs = cur.scorer.score(request_arrays(tokens)).tolist()
+        return _json({
+            "model_version": cur.version, "user_id": req.user_id, "history_source": source,
+            "history_events": int(tokens.n_events), "history_tokens": int(tokens.n_groups), "request_ts_ms": ts,
+            "buckets": len(probs[0]), "scores": [{"ad_id": cd.ad_id, "p": p} for cd, p in zip(req.candidates, probs)]})
+
+    @app.post("/v1/score")
+    async def score(request: Request) -> Response:
+        body = await read_limited(request, cfg.max_body_bytes)
+        # Scored on the event loop, one request at a time per worker: a busy worker stops accepting, so the
+        # next connection waits in the kernel's queue for whichever worker is free (prefork), instead of
+        # queueing behind this one or oversubscribing the cores with a second onnxruntime run.
+        return score_body(body)
 
     return app

@@ -38,6 +38,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if run_days(args.start, args.end, teacher_every_days=args.teacher_every_days).ok else 1
 
 
+def _cmd_landing_quarantine_file(args: argparse.Namespace) -> int:
+    from transforms import landing
+
+    entry = landing.quarantine_file(Path(args.home), Path(args.path), args.reason)
+    print(f"moved {args.path} to {Path(args.home) / entry['moved_to']} ({entry['declared_lines']} declared lines); "
+          f"ledger: {landing.quarantine_ledger_path(Path(args.home))}. Resume with: genrank run --start {entry['day']}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.runner import run_days
     from transforms.simulator import simulate
@@ -56,21 +65,28 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+def serve_app():
+    """The scoring app as the GENRANK_* variables configure it: uvicorn's factory in every worker process."""
     from deploy.service import ServiceConfig, create_app
 
-    home = Path(args.home).resolve()
+    home = settings.genrank_home()
     d = ServiceConfig  # its defaults are the local defaults of the GENRANK_SERVE_* variables
-    cfg = ServiceConfig(
-        home=home, tracking_uri=settings.tracking_uri(home),
+    return create_app(ServiceConfig(
+        home=home, tracking_uri=settings.tracking_uri(home), store=settings.online_store(),
         poll_s=float(settings.env("GENRANK_SERVE_POLL_S", str(d.poll_s))),
         threads=int(settings.env("GENRANK_SERVE_THREADS", str(d.threads))),
         max_candidates=int(settings.env("GENRANK_SERVE_MAX_CANDIDATES", str(d.max_candidates))),
         max_history=int(settings.env("GENRANK_SERVE_MAX_HISTORY", str(d.max_history))),
-        max_body_bytes=int(settings.env("GENRANK_SERVE_MAX_BODY_BYTES", str(d.max_body_bytes))))
-    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info")
+        max_body_bytes=int(settings.env("GENRANK_SERVE_MAX_BODY_BYTES", str(d.max_body_bytes)))))
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    # Worker processes build their app from the environment: hand --home to them there.
+    os.environ["GENRANK_HOME"] = str(Path(args.home).resolve())
+    uvicorn.run("pipelines.cli:serve_app", factory=True, host=args.host, port=args.port, workers=args.workers,
+                log_level="info")
     return 0
 
 
@@ -122,6 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="retrain the teacher every N days after the first (default 7, like the weekly schedule)")
     p.set_defaults(func=_cmd_run)
 
+    p = sub.add_parser("landing", help="operator tools for landing days")
+    landing_sub = p.add_subparsers(dest="landing_command", required=True)
+    q = landing_sub.add_parser("quarantine-file", help="move a corrupt landing file out of its day into "
+                               "lake/quarantine_files/ with a ledger entry, releasing the day")
+    q.add_argument("path", help="the landing file, e.g. $GENRANK_HOME/landing/date=D/clicks-00000.jsonl.gz")
+    q.add_argument("--reason", required=True, help="why (kept in the ledger and reported by the day's accounting)")
+    q.add_argument("--home", default=home)
+    q.set_defaults(func=_cmd_landing_quarantine_file)
+
     p = sub.add_parser("demo", help="simulate a world and run the daily pipeline over all its days")
     p.add_argument("--home", default=home)
     p.add_argument("--preset", default="demo")
@@ -135,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default=home)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--workers", type=int, default=1,
+                   help="server processes, each with its own onnxruntime session (one per core with GENRANK_SERVE_THREADS=1)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("ui", help="the Dagster UI and daemon (dagster dev) on the instance genrank run records into")

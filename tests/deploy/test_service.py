@@ -1,11 +1,19 @@
 """The scoring service against the real champion of a tiny pipeline run: scores equal the trained
-model's, bad requests get a 4xx that says what is wrong (never a 500), and the alias hot-swaps
-without dropping a request. Each test works on a copy of the run's registry database."""
+model's with histories from the online store the run built, bad requests get a 4xx that says what is
+wrong (never a 500), the store's failures a 503 that says why, the alias hot-swaps without dropping a
+request (only to a graph whose sha256 matches its tag), also with several worker processes. Each test
+works on a copy of the run's registry database and online store."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pandas as pd
@@ -15,7 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deploy import registry as reg
-from deploy.onnx_export import torch_probs
+from deploy.onnx_export import ONNX_SHA256_TAG, torch_probs
+from deploy.sequence_store import FORMAT_VERSION, LmdbStore
 from deploy.service import ServiceConfig, create_app
 from models import load_model
 from models.data import request_tokens, sample_from_frame
@@ -31,7 +40,8 @@ CANDIDATES = [{"ad_id": "ad-1", "campaign_id": "c1", "advertiser_id": "a1", "cat
 def home(tiny_pipeline, tmp_path):
     src = tiny_pipeline[0]
     shutil.copy2(src / "mlflow.db", tmp_path / "mlflow.db")  # artifacts stay where the run logged them
-    shutil.copytree(src / "lake" / "user_sequences", tmp_path / "lake" / "user_sequences")
+    shutil.copytree(src / "online_store", tmp_path / "online_store")  # what the run's online_sequences built
+    shutil.copytree(src / "lake" / "user_sequences", tmp_path / "lake" / "user_sequences")  # the reference
     return tmp_path
 
 
@@ -101,6 +111,12 @@ def test_inline_history_scores_like_the_store(home):
     ({"user_id": "u", "candidates": [{"ad_id": "x", "price": 3}]}, 422, "price"),     # unknown field
     ({"candidates": [{"ad_id": "x"}]}, 422, "user_id"),                               # neither user nor history
     ({"user_id": "nobody", "candidates": [{"ad_id": "x"}]}, 404, "no sequence"),      # unknown user, no history
+    ('{"user_id": "u", "candidates": [{"ad_id": "x"}], "request_ts_ms": NaN}', 422, "request_ts_ms: non-finite"),
+    ('{"history": [{"ts_ms": 1, "event_kind": "impression", "item_id": "a", "dwell_ms": -Infinity}], '
+     '"candidates": [{"ad_id": "x"}]}', 422, "history.0.dwell_ms: non-finite"),
+    ('{"user_id": "u", "candidates": [{"ad_id": "x"}], "request_ts_ms": 1e999}', 422, "request_ts_ms: non-finite"),
+    ({"user_id": "\u00e9" * 129, "candidates": [{"ad_id": "x"}]}, 422, "256 bytes"),  # 258 bytes of UTF-8
+    ({"user_id": 42, "candidates": [{"ad_id": "x"}]}, 422, "user_id"),               # not a string
 ])
 def test_bad_requests_get_a_4xx_that_says_what_is_wrong(home, body, status, says):
     with _client(home, max_candidates=5) as client:
@@ -139,16 +155,62 @@ def test_no_request_body_gets_a_500(home):
 
 
 def test_oversized_bodies_are_refused_before_parsing(home):
+    sent = []
+
+    def chunks():  # no Content-Length: Transfer-Encoding: chunked
+        for _ in range(100):
+            sent.append(1)
+            yield b"x" * 300
+
     with _client(home, max_body_bytes=1000) as client:
         resp = client.post("/v1/score", json={"user_id": "u", "candidates": [{"ad_id": "x" * 200}] * 10})
+        chunked = client.post("/v1/score", content=chunks(), headers={"content-type": "application/json"})
     assert resp.status_code == 413 and "limit of 1000 bytes" in resp.text
+    assert chunked.status_code == 413 and "limit of 1000 bytes" in chunked.text, chunked.text
+    assert len(sent) < 100  # reading stopped at the limit
 
 
-def test_a_moved_alias_is_hot_swapped_without_dropping_requests(home):
+def test_a_missing_or_foreign_store_gets_a_503_that_says_why(home):
+    user, now = _a_user(home)
+    body = {"user_id": user, "candidates": CANDIDATES, "request_ts_ms": now}
+    shutil.move(home / "online_store", home / "kept")
+    with _client(home) as client:
+        missing = client.post("/v1/score", json=body)
+        inline = client.post("/v1/score", json={**body, "user_id": None, "history": []})
+    assert missing.status_code == 503 and "no online store" in missing.text and inline.status_code == 200
+    shutil.move(home / "kept", home / "online_store")
+    writer = LmdbStore(home / "online_store", readonly=False)
+    with writer._env.begin(write=True) as txn:
+        meta = json.loads(txn.get(LmdbStore.META))
+        txn.put(LmdbStore.META, json.dumps({**meta, "format_version": FORMAT_VERSION + 1}).encode())
+    writer.close()
+    with _client(home) as client:
+        foreign = client.post("/v1/score", json=body)
+    assert foreign.status_code == 503 and f"format version {FORMAT_VERSION + 1}" in foreign.text
+
+
+def test_a_store_removed_under_the_service_keeps_serving_the_one_it_opened(home):
+    user, now = _a_user(home)
+    with _client(home) as client:
+        shutil.rmtree(home / "online_store")
+        client.app.state.refresh()
+        resp = client.post("/v1/score", json={"user_id": user, "candidates": CANDIDATES, "request_ts_ms": now})
+        info = client.get("/v1/model").json()
+    assert resp.status_code == 200 and resp.json()["history_source"] == "store"
+    assert "removed or replaced" in info["sequence_store"]["error"]
+
+
+def _champion_and_another(home) -> tuple[reg.Registry, str, str]:
+    """The registry, the champion's version and another version that is not broken on purpose."""
     r = reg.default_registry(home)
     old = str(r.by_alias(reg.CTR, "champion").version)
     other = next(str(v.version) for v in r.client.search_model_versions(f"name = '{reg.CTR}'")
                  if str(v.version) != old and v.tags.get("broken_on_purpose") != "true")
+    return r, old, other
+
+
+def test_a_moved_alias_is_hot_swapped_without_dropping_requests(home):
+    r, old, other = _champion_and_another(home)
     user, now = _a_user(home)
     statuses, versions, stop = [], set(), threading.Event()
     with _client(home) as client:
@@ -172,6 +234,70 @@ def test_a_moved_alias_is_hot_swapped_without_dropping_requests(home):
         info = client.get("/v1/model").json()
         assert info["version"] == other, info["last_refresh_error"]
     assert set(statuses) == {200} and versions == {old, other}
+
+
+def test_a_graph_that_does_not_match_its_sha256_tag_is_not_swapped_in(home):
+    r, old, other = _champion_and_another(home)
+    r.client.set_model_version_tag(reg.CTR, other, ONNX_SHA256_TAG, "0" * 64)  # what a tampered artifact looks like
+    with _client(home) as client:
+        r.client.set_registered_model_alias(reg.CTR, "champion", other)
+        client.app.state.refresh()
+        info = client.get("/v1/model").json()
+    assert info["version"] == old and "sha256" in info["last_refresh_error"]
+
+
+def test_several_workers_keep_every_rule_and_hot_swap(home):
+    """`genrank serve --workers 2`: each worker answers the 4xx rules and picks up a moved alias."""
+    import httpx
+
+    r, old, other = _champion_and_another(home)
+    user, now = _a_user(home)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "GENRANK_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
+           "GENRANK_SERVE_POLL_S": "0.3", "GENRANK_SERVE_THREADS": "1", "GENRANK_SERVE_MAX_BODY_BYTES": "4000"}
+    env.pop("GENRANK_ONLINE_STORE", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--home", str(home), "--port", str(port),
+                             "--workers", "2"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # a new connection per request, so the requests spread over the workers
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers={"connection": "close"}) as client:
+            deadline = time.time() + 120
+            while True:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.poll() is None and time.time() < deadline, "genrank serve --workers 2 did not start"
+                time.sleep(0.2)
+
+            def versions_by_worker() -> dict[int, str]:
+                seen, deadline = {}, time.time() + 60
+                while len(seen) < 2:
+                    info = client.get("/v1/model").json()
+                    seen[info["worker_pid"]] = info["version"]
+                    assert time.time() < deadline, f"only worker(s) {list(seen)} answered"
+                return seen
+
+            body = {"user_id": user, "candidates": CANDIDATES, "request_ts_ms": now}
+            assert set(versions_by_worker().values()) == {old}
+            for _ in range(6):  # the rules, whichever worker answers
+                assert client.post("/v1/score", json=body).status_code == 200
+                nan = client.post("/v1/score", content=b'{"user_id": "u", "candidates": [], "request_ts_ms": NaN}')
+                assert nan.status_code == 422 and "request_ts_ms" in nan.text
+                big = client.post("/v1/score", content=(b"x" * 1000 for _ in range(10)))
+                assert big.status_code == 413
+                assert client.post("/v1/score", json={**body, "user_id": "x" * 257}).status_code == 422
+            r.client.set_registered_model_alias(reg.CTR, "champion", other)
+            deadline = time.time() + 60
+            while set(seen := versions_by_worker().values()) != {other}:
+                assert client.post("/v1/score", json=body).status_code == 200
+                assert time.time() < deadline, seen
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_without_a_champion_the_service_says_so(tmp_path):
