@@ -11,22 +11,27 @@ reports ``next_day_included = False`` (labels of clicks after midnight are missi
 
 Checks (see :mod:`quality.events`): blocking ``events_not_empty``, ``events_schema``,
 ``events_keys_not_null``, ``events_impression_id_unique``, ``events_position_in_range``,
-``events_ts_in_day``, ``events_label_binary``, ``events_row_accounting``; warnings
-``events_ctr_drift``, ``events_quarantine_rate``, ``events_volume_drop``.
+``events_ts_in_day``, ``events_label_binary``, ``events_row_accounting``, ``events_quarantine_rate``;
+warnings ``events_ctr_drift``, ``events_quarantine_warning``, ``events_volume_drop``.
+
+A day the source declares empty (``_SUCCESS`` lists zero lines) materialises a recorded empty
+partition (metadata ``source_declared_empty``); files an operator set aside
+(``genrank landing quarantine-file``) are reported as ``quarantined_files``.
 """
 
 
 import datetime as dt
-import os
 import time
 
 import dagster as dg
 
+from pipelines import settings
 from pipelines.partitions import daily_partitions
 from pipelines.resources import GenrankPaths, SparkResource
-from quality.events import EVENTS_CHECKS, EventsThresholds, validate_events
+from quality.events import EVENTS_CHECKS, EventsThresholds, QuarantineRates, RateLimit, validate_events
 from quality.framework import to_check_results
 from transforms import landing
+from transforms.landing_watch import day_fingerprint
 from transforms.spark.events import run_events_job
 
 try:  # the lead's definition of the external upstream
@@ -38,21 +43,30 @@ RAW_LOGS_MAPPING = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=1,
                                                  allow_nonexistent_upstream_partitions=True)
 
 
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value not in (None, "") else default
+_RATES = QuarantineRates()
 
 
 class EventsConfig(dg.Config):
-    attribution_window_min: float = _env_float("GENRANK_ATTRIBUTION_WINDOW_MIN", 60.0)
-    late_grace_hours: float = _env_float("GENRANK_LATE_GRACE_HOURS", 6.0)
+    attribution_window_min: float = float(settings.env("GENRANK_ATTRIBUTION_WINDOW_MIN", "60"))
+    late_grace_hours: float = float(settings.env("GENRANK_LATE_GRACE_HOURS", "6"))
     verify_landing: bool = True
-    max_position: int = 100
     ctr_band: float = 0.5
     ctr_z: float = 4.0
-    quarantine_rate_max: float = 0.05
+    # quarantine shares (quality.events.QuarantineRates): blocking above *_block, warning above *_warn
+    quarantine_reason_warn: float = _RATES.per_reason.warn_above
+    quarantine_reason_block: float = _RATES.per_reason.block_above
+    quarantine_file_warn: float = _RATES.per_file.warn_above
+    quarantine_file_block: float = _RATES.per_file.block_above
+    quarantine_min_lines: int = _RATES.min_lines
     volume_drop_max: float = 0.5
     trailing_days: int = 7
+
+    def thresholds(self) -> EventsThresholds:
+        rates = QuarantineRates(per_reason=RateLimit(self.quarantine_reason_warn, self.quarantine_reason_block),
+                                per_file=RateLimit(self.quarantine_file_warn, self.quarantine_file_block),
+                                min_lines=self.quarantine_min_lines)
+        return EventsThresholds(ctr_band=self.ctr_band, ctr_z=self.ctr_z, quarantine=rates,
+                                volume_drop_max=self.volume_drop_max, trailing_days=self.trailing_days)
 
 
 def next_day_decision(day: str, next_complete: bool, now: dt.datetime, grace_hours: float) -> str:
@@ -97,11 +111,9 @@ def events(context: dg.AssetExecutionContext, config: EventsConfig, spark: Spark
     context.log.info(result.summary())
 
     t0 = time.perf_counter()
-    thresholds = EventsThresholds(max_position=config.max_position, ctr_band=config.ctr_band, ctr_z=config.ctr_z,
-                                  quarantine_rate_max=config.quarantine_rate_max,
-                                  volume_drop_max=config.volume_drop_max, trailing_days=config.trailing_days)
     accounting = {k: vars(a) for k, a in result.accounting.items()}
-    outcomes = validate_events(result.events_path, day, accounting=accounting, thresholds=thresholds)
+    outcomes = validate_events(result.events_path, day, accounting=accounting, thresholds=config.thresholds(),
+                               files=result.files, declared_empty=result.source_declared_empty)
     checks = to_check_results("events", EVENTS_CHECKS, outcomes)
     checks_s = time.perf_counter() - t0
 
@@ -121,7 +133,13 @@ def events(context: dg.AssetExecutionContext, config: EventsConfig, spark: Spark
         "late_clicks_attributed_previous_day": result.accounting["clicks"].accepted_by_reason.get("attributed_previous_day", 0),
         "accounting": dg.MetadataValue.json(accounting),
         "accounting_closes": result.accounting_closes,
+        "blank_lines": sum(a.blank_lines for a in result.accounting.values()),
+        "files": dg.MetadataValue.json(result.files),
+        "quarantined_files": dg.MetadataValue.json(result.quarantined_files),
+        "source_declared_empty": result.source_declared_empty,
         "next_day_included": result.next_day_included,
+        # what the landing sensor compares to decide whether this day must run again
+        "landing_fingerprint": day_fingerprint(paths.root, day, include_next=(decision == "use")),
         "previous_day_included": result.previous_day_included,
         "attribution_window_min": result.attribution_window_min,
         "lines_read": result.lines_read,

@@ -9,11 +9,20 @@ Blocking (correctness; severity ERROR, stop downstream assets of the run):
 ``events_keys_not_null``        event_kind/user_id/ts_ms/item_id always; impression keys, position,
                                 surface, device and label on impressions; action on behaviors
 ``events_impression_id_unique`` no impression_id twice in the day
-``events_position_in_range``    1 <= position <= max_position
+``events_position_in_range``    1 <= position <= the slots of the impression's surface
 ``events_ts_in_day``            ts_ms inside the partition's UTC day; click_ts_ms >= ts_ms
 ``events_label_binary``         label in {0, 1}; click fields only on clicked impressions
 ``events_row_accounting``       per file kind: input lines = accepted + quarantined + duplicates
+``events_quarantine_rate``      no quarantine reason above ``block_above`` of its kind's input lines,
+                                no file with more than ``block_above`` of its lines quarantined
 =============================== ==============================================================
+
+Row rules come first: every rule above that judges one row is also a row rule of the events job,
+with its own quarantine reason (``transforms.spark.events.QUARANTINE_REASONS``), so a bad row is
+quarantined and counted instead of blocking the day; these checks then judge *rates*
+(:class:`QuarantineRates`, one config for every reason and file: blocking above, warning above a
+lower share). A day the source declares empty (``_SUCCESS`` lists zero lines) passes
+``events_not_empty`` and the volume check as a recorded empty partition.
 
 Warnings (drift; severity WARN, never block):
 
@@ -21,7 +30,7 @@ Warnings (drift; severity WARN, never block):
 ``events_ctr_drift``            CTR (mean label of impressions) inside a band around the trailing
                                 days' pooled CTR p: p +/- max(band*p, z*sqrt(p(1-p)/n_today))
                                 (defaults band 0.5, z 4: relative drift, but never flags noise)
-``events_quarantine_rate``      quarantined / input lines <= threshold (default 5 %)
+``events_quarantine_warning``   no reason or file above ``warn_above`` (the lower share)
 ``events_volume_drop``          event rows >= (1 - max_drop) x trailing mean (default max_drop 0.5)
 =============================== ==============================================================
 
@@ -37,6 +46,7 @@ from typing import Any, Mapping
 
 from quality.framework import (CheckDef, CheckOutcome, DatasetChecks, existing_partitions, partition_schema,
                                python_outcome, read_partition, validate_frame)
+from transforms.landing import SURFACE_SLOTS
 
 DAY_MS = 86_400_000
 
@@ -53,22 +63,44 @@ EVENTS_CHECKS = DatasetChecks("events", (
     CheckDef("events_schema", "exactly the event table's columns with their types"),
     CheckDef("events_keys_not_null", "keys and required fields are never null"),
     CheckDef("events_impression_id_unique", "impression_id is unique within the day"),
-    CheckDef("events_position_in_range", "positions are 1-based slots within range"),
+    CheckDef("events_position_in_range", "positions are 1-based slots within their surface's slots"),
     CheckDef("events_ts_in_day", "ts_ms inside the partition's UTC day; clicks not before their impression"),
     CheckDef("events_label_binary", "labels are 0/1 and click fields appear only with label 1"),
     CheckDef("events_row_accounting", "input lines = accepted + quarantined + duplicates for every file kind"),
+    CheckDef("events_quarantine_rate", "quarantine share per reason and per file not above the blocking threshold"),
     CheckDef("events_ctr_drift", "CTR inside a band around the trailing days' CTR", blocking=False),
-    CheckDef("events_quarantine_rate", "quarantined share of input lines below a threshold", blocking=False),
+    CheckDef("events_quarantine_warning", "quarantine share per reason and per file not above the warning threshold",
+             blocking=False),
     CheckDef("events_volume_drop", "event volume not far below the trailing days' mean", blocking=False),
 ))
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    warn_above: float
+    block_above: float
+
+
+@dataclass(frozen=True)
+class QuarantineRates:
+    """The one config of quarantine shares: a day blocks above ``block_above``, warns above ``warn_above``.
+
+    ``per_reason``: lines quarantined for one reason / input lines of that file kind (the simulator's
+    defects stay below 0.5 % each). ``per_file``: quarantined lines of one file / its input lines.
+    Kinds or files with fewer than ``min_lines`` input lines are reported but not judged (one bad
+    line among ten is noise, not a broken source).
+    """
+
+    per_reason: RateLimit = RateLimit(warn_above=0.02, block_above=0.10)
+    per_file: RateLimit = RateLimit(warn_above=0.03, block_above=0.15)
+    min_lines: int = 200
+
+
+@dataclass(frozen=True)
 class EventsThresholds:
-    max_position: int = 100
     ctr_band: float = 0.5
     ctr_z: float = 4.0
-    quarantine_rate_max: float = 0.05
+    quarantine: QuarantineRates = QuarantineRates()
     volume_drop_max: float = 0.5
     trailing_days: int = 7
 
@@ -128,7 +160,11 @@ def _gx_expectations(day: str, th: EventsThresholds, trailing: Trailing, n_impre
             + [E.ExpectColumnValuesToNotBeNull(column="action", **beh)]
         ),
         "events_impression_id_unique": [E.ExpectColumnValuesToBeUnique(column="impression_id")],
-        "events_position_in_range": [E.ExpectColumnValuesToBeBetween(column="position", min_value=1, max_value=th.max_position)],
+        "events_position_in_range": [
+            E.ExpectColumnValuesToBeBetween(column="position", min_value=1, max_value=slots,
+                                            row_condition=Column("surface") == surface)
+            for surface, slots in SURFACE_SLOTS.items()] + [
+            E.ExpectColumnValuesToBeInSet(column="surface", value_set=list(SURFACE_SLOTS), **imp)],
         "events_ts_in_day": [
             E.ExpectColumnValuesToBeBetween(column="ts_ms", min_value=start, max_value=start + DAY_MS - 1),
             E.ExpectColumnPairValuesAToBeGreaterThanB(column_A="click_ts_ms", column_B="ts_ms", or_equal=True,
@@ -152,6 +188,33 @@ def _gx_expectations(day: str, th: EventsThresholds, trailing: Trailing, n_impre
     return exps
 
 
+def quarantine_breaches(accounting: Mapping[str, Mapping[str, Any]], files: Mapping[str, Mapping[str, Any]],
+                        rates: QuarantineRates) -> list[dict]:
+    """Every reason share (per kind) and file share above a limit: {"over": "block_above"|"warn_above", "text", ...}."""
+    out = []
+
+    def judge(share: float, limit: RateLimit, text: str, **facts) -> None:
+        level = "block_above" if share > limit.block_above else "warn_above" if share > limit.warn_above else None
+        if level:
+            bound = getattr(limit, level)
+            out.append({"over": level, "share": share, "limit": bound, **facts,
+                        "text": f"{text} {share:.1%} > {bound:.1%}"})
+
+    for kind, a in sorted(accounting.items()):
+        lines = int(a.get("input_lines", 0))
+        if lines < rates.min_lines:
+            continue
+        for reason, n in sorted((a.get("quarantined_by_reason") or {}).items()):
+            judge(int(n) / lines, rates.per_reason, f"{kind} {reason}: {int(n)} of {lines} lines,",
+                  kind=kind, reason=reason, lines=lines, quarantined=int(n))
+    for name, f in sorted(files.items()):
+        lines = int(f.get("lines", 0))
+        if lines >= rates.min_lines and int(f.get("quarantined", 0)):
+            judge(int(f["quarantined"]) / lines, rates.per_file, f"file {name}: {int(f['quarantined'])} of {lines} lines quarantined,",
+                  file=name, lines=lines, quarantined=int(f["quarantined"]))
+    return sorted(out, key=lambda b: -b["share"])
+
+
 def _reasons_text(by_reason: Mapping[str, int]) -> str:
     return ", ".join(f"{r}={n}" for r, n in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
 
@@ -162,12 +225,16 @@ def validate_events(
     accounting: Mapping[str, Mapping[str, Any]] | None = None,
     thresholds: EventsThresholds = EventsThresholds(),
     trailing: Trailing | None = None,
+    files: Mapping[str, Mapping[str, Any]] | None = None,
+    declared_empty: bool = False,
 ) -> list[CheckOutcome]:
     """Run every events check on the written partition at ``path``.
 
     ``accounting`` is the job's per-kind accounting (``{kind: {"input_lines", "accepted", "quarantined",
     "duplicates", "quarantined_by_reason", "duplicates_by_reason", ...}}``); without it the
-    accounting and quarantine-rate checks fail (blocking) / are skipped (warning).
+    accounting check fails and the quarantine-rate checks are not evaluated. ``files`` is the job's
+    per-file count (``{source_file: {"kind", "lines", "quarantined"}}``). ``declared_empty``: the source
+    declared the day empty, so an empty partition is the expected, recorded outcome.
     """
     path = Path(path)
     if trailing is None:
@@ -196,7 +263,11 @@ def validate_events(
             q_by_reason[r] = q_by_reason.get(r, 0) + int(n)
 
     ne = outcomes["events_not_empty"]
-    if not ne.passed:
+    if declared_empty and len(df) == 0:
+        outcomes["events_not_empty"] = python_outcome(
+            "events_not_empty", True, f"{day}: the source declares the day empty (_SUCCESS lists zero lines): "
+            "a recorded empty partition", metadata={"source_declared_empty": True})
+    elif not ne.passed:
         if accounting is not None:
             ne.description = (
                 f"no events accepted for {day}: 0 of {input_lines} input lines accepted; "
@@ -225,18 +296,23 @@ def validate_events(
             o.description = f"the partition holds {rows} rows but the job accepted {accepted_events} impressions+behaviors"
             o.failures = python_outcome("events_row_accounting", False, o.description, observed=rows).failures
 
-    # Warnings.
-    if accounting is None or input_lines == 0:
-        outcomes["events_quarantine_rate"] = python_outcome(
-            "events_quarantine_rate", True, "no input lines reported: quarantine rate not evaluated")
+    breaches = quarantine_breaches(acc, files or {}, thresholds.quarantine)
+    if accounting is None:
+        for name in ("events_quarantine_rate", "events_quarantine_warning"):
+            outcomes[name] = python_outcome(name, True, "no row accounting reported: quarantine rates not evaluated")
     else:
-        rate = quarantined / input_lines
-        ok = rate <= thresholds.quarantine_rate_max
-        outcomes["events_quarantine_rate"] = python_outcome(
-            "events_quarantine_rate", ok,
-            f"quarantine rate {rate:.2%} ({quarantined} of {input_lines} lines; {_reasons_text(q_by_reason)}) "
-            f"{'<=' if ok else '>'} {thresholds.quarantine_rate_max:.2%}",
-            metadata={"quarantine_rate": rate, "quarantined_by_reason": q_by_reason}, observed=rate)
+        shares = f"{quarantined} of {input_lines} lines quarantined ({_reasons_text(q_by_reason)})"
+        for name, word, levels in (("events_quarantine_rate", "blocking", ("block_above",)),
+                                   ("events_quarantine_warning", "warning", ("block_above", "warn_above"))):
+            over = [b for b in breaches if b["over"] in levels]
+            text = "; ".join(b["text"] for b in over)
+            outcomes[name] = python_outcome(
+                name, not over, f"above the {word} share: {text}" if over else f"shares within limits: {shares}",
+                metadata={"quarantined_by_reason": q_by_reason, "breaches": over,
+                          "limits": {"per_reason": vars(thresholds.quarantine.per_reason),
+                                     "per_file": vars(thresholds.quarantine.per_file),
+                                     "min_lines": thresholds.quarantine.min_lines}},
+                observed=[b["text"] for b in over] or None)
     ctr_o = outcomes["events_ctr_drift"]
     if trailing.ctr is None:
         ctr_o.description = "no trailing partitions with impressions: CTR drift not evaluated"
@@ -248,7 +324,10 @@ def validate_events(
         ctr_o.description = (f"CTR {ctr:.4f} vs trailing {trailing.ctr:.4f} over {len(trailing.days)} day(s), "
                              f"allowed [{lo:.4f}, {hi:.4f}]: {'inside' if ctr_o.passed else 'OUTSIDE'}")
     vol = outcomes["events_volume_drop"]
-    if trailing.rows is None:
+    if declared_empty and len(df) == 0:
+        outcomes["events_volume_drop"] = python_outcome(
+            "events_volume_drop", True, "the source declares the day empty: volume not compared")
+    elif trailing.rows is None:
         vol.description = "no trailing partitions: volume drop not evaluated"
     else:
         vol.metadata.update(rows=len(df), trailing_rows=trailing.rows, trailing_days=list(trailing.days))

@@ -12,16 +12,29 @@ renamed into place, so a reader never sees a half-written day. ``_SUCCESS`` hold
 document with the line count of every file, so consumers can close their row accounting against it.
 
 Ids are JSON integers or strings (the events job treats every id as an opaque string); ``ts_ms`` is
-UTC epoch milliseconds; a day is a UTC calendar day.
+UTC epoch milliseconds; a day is a UTC calendar day. Files are JSON Lines as written in the wild: LF or
+CRLF endings, an optional UTF-8 byte-order mark, blank lines and whitespace around an object are all
+valid; a file may hold several gzip members (appended writes).
+
+A day whose ``_SUCCESS`` declares zero lines in all is a *source-declared empty day* (a gap in a real
+dataset, a holiday with no traffic): it is a recorded, empty partition, not an error.
+
+Operator release of a blocked day: :func:`quarantine_file` (``genrank landing quarantine-file PATH
+--reason TEXT``) moves a corrupt file out of the day into ``lake/quarantine_files/date=D/`` and appends
+an entry to ``lake/quarantine_files/ledger.jsonl``; :func:`open_day` then accepts the day without it and
+reports the entry, so the day's accounting names what was set aside and why.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import gzip
+import hashlib
 import json
 import os
-from dataclasses import dataclass
+import shutil
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -50,9 +63,13 @@ SURFACES = ("feed", "search", "detail")
 DEVICES = ("ios", "android", "web")
 CLICK_TYPES = ("view_details", "add_to_cart", "follow")
 ACTIONS = ("view", "cart", "fav", "buy")
+# Ad slots per surface: an impression's position is 1..slots of its surface.
+SURFACE_SLOTS = {"feed": 5, "search": 8, "detail": 3}
 
 SUCCESS_MARKER = "_SUCCESS"
 DAY_MS = 86_400_000
+GZIP_MAGIC = b"\x1f\x8b"
+RELEASE_HINT = "set it aside with `genrank landing quarantine-file PATH --reason TEXT`, then resume with `genrank run --start DAY`"
 
 
 class LandingError(ValueError):
@@ -81,7 +98,15 @@ class LandingDay:
     day: str
     path: Path
     files: dict[str, list[Path]]
-    line_counts: dict[str, int]
+    line_counts: dict[str, int]            # per kind; counted only by open_day(verify=True)
+    declared: dict[str, int] = field(default_factory=dict)   # file name -> lines, as _SUCCESS lists them
+    quarantined_files: list[dict] = field(default_factory=list)  # operator ledger entries of this day
+
+    @property
+    def declared_empty(self) -> bool:
+        """The source declares the day empty: _SUCCESS lists zero lines in all, and no unlisted file."""
+        present = {p.name for found in self.files.values() for p in found}
+        return sum(self.declared.values()) == 0 and present <= set(self.declared)
 
 
 def write_day(root: str | os.PathLike, day: dt.date | str, lines: dict[str, Iterable[str]]) -> Path:
@@ -121,8 +146,10 @@ def complete_days(root: str | os.PathLike) -> list[str]:
 def open_day(root: str | os.PathLike, day: dt.date | str, verify: bool = True) -> LandingDay:
     """Check that a landing day is complete and readable; raise LandingError naming the problem.
 
-    With ``verify`` every gzip member is decompressed once and its line count compared with the
-    count in ``_SUCCESS``, so a corrupt or truncated file is caught before any job reads it.
+    Always: the marker exists and parses, every declared file is present (or set aside by an operator,
+    see :func:`quarantine_file`), every file is non-empty and starts with the gzip magic bytes. With
+    ``verify`` every gzip member is also decompressed and its line count compared with ``_SUCCESS``
+    (importers do this; the events job instead checks the counts Spark reads against ``declared``).
     """
     path = day_dir(root, day)
     if not path.is_dir():
@@ -134,24 +161,37 @@ def open_day(root: str | os.PathLike, day: dt.date | str, verify: bool = True) -
         declared = json.loads(marker.read_text() or "{}").get("files", {})
     except json.JSONDecodeError as exc:
         raise LandingError(f"{marker}: not a JSON document ({exc})") from exc
+    set_aside = quarantined_files(root, day)
+    moved = {e["file"] for e in set_aside}
+    absent = sorted(name for name in declared if name not in moved and not (path / name).exists())
+    if absent:
+        raise LandingError(f"landing day {_iso(day)}: {', '.join(absent)} declared in {marker.name} but not in {path}")
     files: dict[str, list[Path]] = {}
     counts: dict[str, int] = {}
     for kind in FILE_KINDS:
         found = sorted(path.glob(f"{kind}-*.jsonl.gz"))
-        if not found:
+        if not found and declared and not any(e["kind"] == kind for e in set_aside):
             raise LandingError(f"landing day {_iso(day)}: no {kind}-*.jsonl.gz file in {path}")
         files[kind] = found
         total = 0
         for f in found:
-            if f.stat().st_size == 0:
-                raise LandingError(f"{f}: empty file (0 bytes; a gzip member is expected even for zero lines)")
+            _check_gzip_header(f)
             if verify:
                 n = _count_lines(f)
                 if f.name in declared and declared[f.name] != n:
                     raise LandingError(f"{f}: {n} lines but {marker.name} declares {declared[f.name]}")
                 total += n
         counts[kind] = total
-    return LandingDay(_iso(day), path, files, counts)
+    return LandingDay(_iso(day), path, files, counts, {k: int(v) for k, v in declared.items()}, set_aside)
+
+
+def _check_gzip_header(path: Path) -> None:
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+    if not head:
+        raise LandingError(f"{path}: empty file (0 bytes; a gzip member is expected even for zero lines)")
+    if head != GZIP_MAGIC:
+        raise LandingError(f"{path}: corrupt gzip (not a gzip file: starts with {head!r}); {RELEASE_HINT}")
 
 
 def _count_lines(path: Path) -> int:
@@ -159,7 +199,7 @@ def _count_lines(path: Path) -> int:
         with gzip.open(path, "rb") as fh:
             return sum(1 for _ in fh)
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise LandingError(f"{path}: corrupt gzip ({exc})") from exc
+        raise LandingError(f"{path}: corrupt gzip ({exc}); {RELEASE_HINT}") from exc
 
 
 def read_lines(path: Path) -> list[str]:
@@ -172,3 +212,56 @@ def read_lines(path: Path) -> list[str]:
 
 def dumps(record: dict) -> str:
     return json.dumps(record, separators=(",", ":"))
+
+
+def quarantine_ledger_path(root: str | os.PathLike) -> Path:
+    return Path(root) / "lake" / "quarantine_files" / "ledger.jsonl"
+
+
+def quarantined_files(root: str | os.PathLike, day: dt.date | str) -> list[dict]:
+    """The operator ledger's entries for one landing day (files set aside by :func:`quarantine_file`)."""
+    ledger = quarantine_ledger_path(root)
+    if not ledger.exists():
+        return []
+    entries = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+    return [e for e in entries if e["day"] == _iso(day)]
+
+
+def quarantine_file(root: str | os.PathLike, file: str | os.PathLike, reason: str) -> dict:
+    """Move a landing file out of its day into ``lake/quarantine_files/date=D/`` and record why.
+
+    The ledger (``lake/quarantine_files/ledger.jsonl``) is rewritten atomically with the new entry
+    (day, file, kind, reason, the lines ``_SUCCESS`` declared for it, size, sha256, time, new path);
+    the move happens after the ledger names it, so no file ever leaves a day unrecorded.
+    """
+    root = Path(root).resolve()
+    src = Path(file).resolve()
+    landing_dir = root / "landing"
+    if src.parent.parent != landing_dir or not src.parent.name.startswith("date="):
+        raise LandingError(f"{src}: not a file of a landing day under {landing_dir}")
+    if not src.is_file():
+        raise LandingError(f"{src}: no such landing file")
+    if not reason.strip():
+        raise LandingError("a reason is required (it goes into the ledger and the day's accounting)")
+    day = src.parent.name.removeprefix("date=")
+    kind = next((k for k in FILE_KINDS if src.name.startswith(f"{k}-")), None)
+    if kind is None:
+        raise LandingError(f"{src}: not a landing file ({', '.join(f'{k}-*.jsonl.gz' for k in FILE_KINDS)})")
+    marker = src.parent / SUCCESS_MARKER
+    declared = json.loads(marker.read_text() or "{}").get("files", {}) if marker.exists() else {}
+    dest = quarantine_ledger_path(root).parent / f"date={day}" / src.name
+    if dest.exists():
+        dest = dest.with_name(f"{src.name}.{uuid.uuid4().hex[:8]}")
+    entry = {"day": day, "file": src.name, "kind": kind, "reason": reason.strip(),
+             "declared_lines": declared.get(src.name), "bytes": src.stat().st_size,
+             "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+             "quarantined_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+             "moved_to": str(dest.relative_to(root))}
+    ledger = quarantine_ledger_path(root)
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ledger.with_name(f".tmp-{ledger.name}-{uuid.uuid4().hex[:8]}")
+    tmp.write_text((ledger.read_text() if ledger.exists() else "") + json.dumps(entry, sort_keys=True) + "\n")
+    tmp.replace(ledger)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(src), str(dest))
+    return entry

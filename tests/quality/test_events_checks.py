@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from quality.events import EVENT_ARROW_TYPES, EVENTS_CHECKS, EventsThresholds, ctr_band, trailing_stats, validate_events
+from quality.events import (EVENT_ARROW_TYPES, EVENTS_CHECKS, EventsThresholds, QuarantineRates, RateLimit, ctr_band,
+                            trailing_stats, validate_events)
 from quality.framework import CheckDef, DatasetChecks, to_check_result, to_check_results, validate_frame
 
 DAY = "2026-06-02"
@@ -86,9 +87,15 @@ def test_each_blocking_check_catches_its_defect_with_observed_value_and_sample_r
     assert result.severity == dg.AssetCheckSeverity.ERROR
     assert result.metadata["failing_expectation"].value == "expect_column_values_to_be_between"
     assert result.metadata["sample_offending_rows"].value[0]["position"] == 0
-    assert "1 of 25 rows unexpected" in result.description
+    assert "1 of 20 rows unexpected" in result.description  # of the 20 feed impressions
     keys = out["events_keys_not_null"]
     assert {f.kwargs["column"] for f in keys.failures} == {"user_id", "device"}
+
+    # the slots of the impression's surface bound its position: 4 is fine on feed, not on the 3-slot detail
+    data = rows()
+    data[2].update(surface="detail", position=4)
+    out = by_name(validate_events(write(tmp_path / "slots", DAY, data), DAY, accounting=accounting(25, 20, 5)))
+    assert not out["events_position_in_range"].passed and "max_value=3" in out["events_position_in_range"].summary()
 
 
 def test_schema_check_catches_missing_column_and_wrong_type(tmp_path):
@@ -139,17 +146,57 @@ def test_drift_warnings_ctr_volume_quarantine(tmp_path):
     trailing = trailing_stats(base, DAY, 7)
     assert len(trailing.days) == 3 and trailing.rows == 300 and trailing.ctr == pytest.approx(0.05)
 
-    # today: far fewer rows and a CTR of 50 %, and 10 % of the lines quarantined
+    # today: far fewer rows and a CTR of 50 %
     path = write(base, DAY, rows(n_imps=40, n_clicked=20, n_beh=10))
-    out = by_name(validate_events(path, DAY, accounting=accounting(56, 40, 10, {"missing_key": 6})))
-    for name in ("events_ctr_drift", "events_volume_drop", "events_quarantine_rate"):
+    out = by_name(validate_events(path, DAY, accounting=accounting(50, 40, 10)))
+    for name in ("events_ctr_drift", "events_volume_drop"):
         assert not out[name].passed, name
         r = to_check_result("events", EVENTS_CHECKS.get(name), out[name])
         assert r.severity == dg.AssetCheckSeverity.WARN
     blocking_failed = [o.check for o in out.values() if not o.passed and EVENTS_CHECKS.get(o.check).blocking]
     assert blocking_failed == []
     assert "OUTSIDE" in out["events_ctr_drift"].summary()
-    assert "missing_key=6" in out["events_quarantine_rate"].summary()
+
+
+def test_quarantine_shares_per_reason_and_per_file_warn_then_block(tmp_path):
+    path = write(tmp_path / "events", DAY, rows(n_imps=20, n_beh=5))
+    rates = QuarantineRates(per_reason=RateLimit(warn_above=0.02, block_above=0.10),
+                            per_file=RateLimit(warn_above=0.03, block_above=0.15), min_lines=50)
+
+    def judge(q: dict, files: dict | None = None):
+        acc = accounting(25 + 1000, 20, 5, q)
+        acc["impressions"]["duplicates"] = 1000 - sum(q.values())  # 1000 more impression lines, closing
+        out = by_name(validate_events(path, DAY, accounting=acc, thresholds=EventsThresholds(quarantine=rates), files=files))
+        return out["events_quarantine_rate"], out["events_quarantine_warning"]
+
+    block, warn = judge({"missing_key": 10})                          # 1 % of 1020 lines: within both
+    assert block.passed and warn.passed
+    block, warn = judge({"missing_key": 10, "position_out_of_range": 40})  # 3.9 %: warning only
+    assert block.passed and not warn.passed
+    assert "impressions position_out_of_range: 40 of 1020 lines, 3.9% > 2.0%" in warn.summary()
+    assert to_check_result("events", EVENTS_CHECKS.get("events_quarantine_warning"), warn).severity == dg.AssetCheckSeverity.WARN
+    block, warn = judge({"unknown_enum": 306})                        # 30 %: blocks, naming reason and share
+    assert not block.passed and "impressions unknown_enum: 306 of 1020 lines, 30.0% > 10.0%" in block.summary()
+    r = to_check_result("events", EVENTS_CHECKS.get("events_quarantine_rate"), block)
+    assert r.severity == dg.AssetCheckSeverity.ERROR and "30.0%" in r.description
+    # one broken file among clean ones: the day's reason shares are low, the file's share is not
+    files = {"date=x/impressions-00000.jsonl.gz": {"kind": "impressions", "lines": 900, "quarantined": 0},
+             "date=x/impressions-00001.jsonl.gz": {"kind": "impressions", "lines": 120, "quarantined": 30}}
+    block, warn = judge({"malformed_json": 30}, files)
+    assert not block.passed and "file date=x/impressions-00001.jsonl.gz: 30 of 120 lines quarantined, 25.0% > 15.0%" in block.summary()
+    # kinds and files below min_lines are reported, not judged
+    small = by_name(validate_events(path, DAY, accounting=accounting(25, 19, 5, {"missing_key": 1}),
+                                    thresholds=EventsThresholds(quarantine=rates)))
+    assert small["events_quarantine_rate"].passed and small["events_quarantine_warning"].passed
+
+
+def test_source_declared_empty_day_is_a_recorded_empty_partition(tmp_path):
+    path = write(tmp_path / "events", DAY, [])
+    acc = {k: {"input_lines": 0, "accepted": 0, "quarantined": 0, "duplicates": 0} for k in ("impressions", "behaviors")}
+    out = by_name(validate_events(path, DAY, accounting=acc, declared_empty=True))
+    assert {k: o.summary() for k, o in out.items() if not o.passed} == {}
+    assert "declares the day empty" in out["events_not_empty"].summary()
+    assert not by_name(validate_events(path, DAY, accounting=acc))["events_not_empty"].passed
 
 
 def test_ctr_band_widens_for_small_days():

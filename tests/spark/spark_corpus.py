@@ -77,8 +77,9 @@ def make_world(root: Path, start: str = "2026-03-01", n_days: int = 3, n_imps: i
             # the last few impressions sit just before midnight so that their clicks cross it
             ts = start_ms + landing.DAY_MS - rng.randint(60_000, 20 * 60_000) if k >= n_imps - 4 else \
                 start_ms + rng.randint(0, landing.DAY_MS - 3_600_000)
-            imps.append(impression(day, k, ts, user=rng.randint(1, 9), position=rng.randint(1, 8),
-                                   surface=("feed", "search", "detail")[k % 3]))
+            surface = ("feed", "search", "detail")[k % 3]
+            imps.append(impression(day, k, ts, user=rng.randint(1, 9), position=rng.randint(1, landing.SURFACE_SLOTS[surface]),
+                                   surface=surface))
         imps.sort(key=lambda r: r["ts_ms"])
         # roles (distinct records): defects on impressions, duplicates of clean ones
         idx = list(range(n_imps))
@@ -129,22 +130,22 @@ def make_world(root: Path, start: str = "2026-03-01", n_days: int = 3, n_imps: i
                 cday = day if landing.day_of_ms(cts).isoformat() == day else nxt
                 cline = dumps(c)
                 if cday != "_after":
-                    counts[cday]["clicks"]["late_click"] += int(cday != day)
                     if imp["impression_id"] in destroyed_ids:
                         counts[cday]["clicks"]["orphan_click"] += 1
                     elif i in click_defects:
                         d = click_defects[i]
                         counts[cday]["clicks"][d] += 1
-                        counts[cday]["clicks"]["late_click"] -= int(cday != day)
                         if d == "malformed_json":
                             cline = cline[:-7]
                         elif d == "missing_key":
                             cline = dumps({k: v for k, v in c.items() if k != "click_type"})
                         else:
                             cline = dumps(dict(c, ts_ms=str(cts)))
-                    elif i in click_dup:
-                        put(cday, "clicks", cline)
-                        counts[cday]["clicks"]["duplicate_line"] += 1
+                    else:
+                        counts[cday]["clicks"]["late_click"] += int(cday != day)  # attributed to D-1
+                        if i in click_dup:
+                            put(cday, "clicks", cline)
+                            counts[cday]["clicks"]["duplicate_line"] += 1
                     put(cday, "clicks", cline)
                 if imp["impression_id"] not in destroyed_ids and i not in click_defects and cday != "_after":
                     label = 1

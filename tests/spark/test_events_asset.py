@@ -7,13 +7,16 @@ import json
 import shutil
 
 import dagster as dg
+import pyarrow.parquet as pq
 import pytest
 
 from assets.events import RAW_LOGS_MAPPING, events, next_day_decision
 from pipelines.resources import GenrankPaths
 from quality.events import EVENTS_CHECKS
+from tests.spark.spark_corpus import behavior, click, impression
 from tests.spark.spark_helpers import expected_vs_actual
 from transforms import landing
+from transforms.landing import dumps
 
 pytestmark = pytest.mark.spark
 
@@ -82,8 +85,81 @@ def test_all_garbage_day_fails_the_blocking_check_naming_reason_and_count(tmp_pa
     assert "malformed_json=12" in not_empty.description and "missing_key=3" in not_empty.description
     assert not_empty.metadata["failing_expectation"].value == "expect_table_row_count_to_be_between"
     assert checks["events_row_accounting"].passed  # nothing disappeared: all 15 lines are quarantined
-    rate = checks["events_quarantine_rate"]
-    assert not rate.passed and rate.severity == dg.AssetCheckSeverity.WARN
+    assert checks["events_quarantine_rate"].passed  # 15 lines: below min_lines, reported but not judged
+
+
+def one_bad_row_of_each_kind(day: str) -> dict[str, list[tuple[str, str]]]:
+    """(line, reason) per kind: one row breaking each single-row rule a blocking events check enforces."""
+    s = landing.day_start_ms(day)
+    base = impression(day, 900, s + 500, 1, position=1, surface="detail")
+    ok_click = click(impression(day, 0, s + 1_000, 1), s + 2_000)
+    return {
+        "impressions": [
+            (dumps(dict(base, impression_id="x1", position=999)), "position_out_of_range"),   # 3-slot detail
+            (dumps(dict(base, impression_id="x2", position=0)), "position_out_of_range"),
+            (dumps(dict(base, impression_id="x3", device="toaster")), "unknown_enum"),
+            (dumps(dict(base, impression_id="x4", surface="moon")), "unknown_enum"),
+            (dumps(dict(base, impression_id="x5", user_id="  ")), "empty_id"),
+            (dumps(dict(base, impression_id="")), "empty_id"),
+            (dumps(dict(base, impression_id="x7", ts_ms=s - 1)), "ts_out_of_range"),
+            (dumps(dict(base, impression_id="x8", ts_ms=s + landing.DAY_MS)), "ts_out_of_range"),
+            (dumps({k: v for k, v in dict(base, impression_id="x9").items() if k != "request_id"}), "missing_key"),
+            (dumps(dict(base, impression_id="x10", position="2")), "bad_type"),
+            ('{"impression_id": "x11", ', "malformed_json"),
+        ],
+        "clicks": [
+            (dumps(dict(ok_click, click_type="poke")), "unknown_enum"),
+            (dumps(dict(ok_click, dwell_ms=-5)), "negative_dwell"),
+            (dumps(dict(ok_click, ad_id="")), "empty_id"),
+            (dumps(click(impression(day, 1, s + 5_000, 1), s + 1_000)), "click_outside_window"),  # before it
+            (dumps(click(impression(day, 7777, s, 1), s + 3_000)), "orphan_click"),
+        ],
+        "behaviors": [
+            (dumps(behavior(s + 10, 1, 2, "jump")), "unknown_enum"),
+            (dumps(dict(behavior(s + 10, 1, 2), item_id="")), "empty_id"),
+            (dumps(behavior(s - 10, 1, 2)), "ts_out_of_range"),
+        ],
+    }
+
+
+def good_day(day: str, n_imps: int, n_beh: int) -> dict[str, list[str]]:
+    s = landing.day_start_ms(day)
+    imps = [impression(day, k, s + 1_000 * (k + 1), 1 + k % 7, position=1 + k % 3, surface=("feed", "search", "detail")[k % 3])
+            for k in range(n_imps)]
+    clicks = [click(i, i["ts_ms"] + 500) for i in imps[::10]]
+    return {"impressions": [dumps(i) for i in imps], "clicks": [dumps(c) for c in clicks],
+            "behaviors": [dumps(behavior(s + 7 * k, 1 + k % 5, k)) for k in range(n_beh)]}
+
+
+def test_one_bad_row_of_each_kind_is_quarantined_and_the_day_completes(tmp_path, shared_spark_resource):
+    day = "2026-04-12"
+    lines, bad = good_day(day, 500, 100), one_bad_row_of_each_kind(day)
+    for kind, rows in bad.items():
+        lines[kind] += [line for line, _ in rows]
+    landing.write_day(tmp_path, day, lines)
+    result = materialize_day(tmp_path, day, shared_spark_resource)
+    assert result.success
+    failed = {n: e.description for n, e in checks_of(result).items() if not e.passed}
+    assert failed == {}  # blocking and warning: one bad row per rule is no rate problem
+    md = result.asset_materializations_for_node("events")[0].metadata
+    assert md["accounting_closes"].value is True and md["quarantined"].value == sum(map(len, bad.values()))
+    q = pq.read_table(tmp_path / "lake" / "quarantine" / f"date={day}").to_pylist()
+    assert sorted((r["kind"], r["raw"], r["reason"]) for r in q) == sorted(
+        (kind, line, reason) for kind, rows in bad.items() for line, reason in rows)
+
+
+def test_thirty_percent_bad_rows_block_the_day_naming_reason_and_share(tmp_path, shared_spark_resource):
+    day = "2026-04-13"
+    lines = good_day(day, 140, 60)
+    s = landing.day_start_ms(day)
+    lines["impressions"] += [dumps(impression(day, 1000 + k, s + k, 1, position=999, surface="detail")) for k in range(60)]
+    landing.write_day(tmp_path, day, lines)
+    result = materialize_day(tmp_path, day, shared_spark_resource, raise_on_error=False)
+    assert not result.success
+    rate = checks_of(result)["events_quarantine_rate"]
+    assert not rate.passed and rate.severity == dg.AssetCheckSeverity.ERROR
+    assert "impressions position_out_of_range: 60 of 200 lines, 30.0% > 10.0%" in rate.description
+    assert checks_of(result)["events_row_accounting"].passed and checks_of(result)["events_position_in_range"].passed
 
 
 def test_newest_day_waits_for_next_day_within_the_grace_period(tmp_path, shared_spark_resource):

@@ -124,15 +124,15 @@ def _bad_corpus(day: str):
     add("impressions", dict(b, ts_ms=b["ts_ms"] + 200), "duplicate", "duplicate_impression_id")
     add("impressions", dumps(impression(day, 4, s + 1, 1))[:40], "quarantined", "malformed_json")
     add("impressions", "[1, 2, 3]", "quarantined", "malformed_json")
-    add("impressions", "", "quarantined", "malformed_json")
+    add("impressions", " \r", "blank", "blank_line")  # whitespace only: framing, not a record
     add("impressions", {k: v for k, v in impression(day, 5, s + 1, 1).items() if k != "device"}, "quarantined", "missing_key")
     add("impressions", dict(impression(day, 6, s + 1, 1), surface=None), "quarantined", "missing_key")
     add("impressions", dict(impression(day, 7, s + 1, 1), ts_ms=str(s + 1)), "quarantined", "bad_type")
     add("impressions", dict(impression(day, 8, s + 1, 1), position=True), "quarantined", "bad_type")
     add("impressions", dict(impression(day, 9, s + 1, 1), position=2.5), "quarantined", "bad_type")
     add("impressions", dict(impression(day, 10, s + 1, 1), user_id=[1]), "quarantined", "bad_type")
-    add("impressions", dict(impression(day, 11, s + 1, 1), surface="moon"), "quarantined", "bad_value")
-    add("impressions", dict(impression(day, 12, s + 1, 1), position=0), "quarantined", "bad_value")
+    add("impressions", dict(impression(day, 11, s + 1, 1), surface="moon"), "quarantined", "unknown_enum")
+    add("impressions", dict(impression(day, 12, s + 1, 1), position=0), "quarantined", "position_out_of_range")
     add("impressions", impression(day, 13, s - 5000, 1), "quarantined", "ts_out_of_range")
     add("clicks", click(a, a["ts_ms"] + 60_000, "follow", 10), "accepted", "attributed")
     add("clicks", click(a, a["ts_ms"] + 120_000, "view_details", 20), "duplicate", "duplicate_click")
@@ -140,10 +140,10 @@ def _bad_corpus(day: str):
     add("clicks", click(b, b["ts_ms"] + 2 * 3_600_000), "quarantined", "click_outside_window")
     add("clicks", click(c, c["ts_ms"] - 1000), "quarantined", "click_outside_window")
     add("clicks", dict(click(c, c["ts_ms"] + 1000), dwell_ms="long"), "quarantined", "bad_type")
-    add("clicks", dict(click(c, c["ts_ms"] + 1000), click_type="poke"), "quarantined", "bad_value")
+    add("clicks", dict(click(c, c["ts_ms"] + 1000), click_type="poke"), "quarantined", "unknown_enum")
     add("clicks", {k: v for k, v in click(c, c["ts_ms"] + 1000).items() if k != "click_type"}, "quarantined", "missing_key")
     add("behaviors", behavior(s + 100, 1, 5, "buy"), "accepted", "event")
-    add("behaviors", behavior(s + 100, 1, 6, "jump"), "quarantined", "bad_value")
+    add("behaviors", behavior(s + 100, 1, 6, "jump"), "quarantined", "unknown_enum")
     add("behaviors", behavior(s + landing.DAY_MS + 1, 1, 7), "quarantined", "ts_out_of_range")
     add("behaviors", dict(behavior(s + 100, 1, 8), ts_ms=float(s + 100) + 0.25), "quarantined", "bad_type")
     add("behaviors", '{"user_id": 1, "ts_ms": 5, "item_id": 2', "quarantined", "malformed_json")
@@ -160,10 +160,12 @@ def test_bad_input_corpus_each_defect_quarantined_with_its_reason(spark, tmp_pat
     # no row disappears uncounted: per kind input = accepted + quarantined + duplicates
     for kind in landing.FILE_KINDS:
         a = r.accounting[kind]
-        assert a.input_lines == len(lines[kind]) == a.accepted + a.quarantined + a.duplicates, (kind, a)
+        blank = sum(1 for k, _, outcome, _ in expected if k == kind and outcome == "blank")
+        assert a.blank_lines == blank
+        assert a.input_lines == len(lines[kind]) - blank == a.accepted + a.quarantined + a.duplicates, (kind, a)
         want = {}
         for k, _, outcome, reason in expected:
-            if k == kind:
+            if k == kind and outcome != "blank":
                 want.setdefault(outcome, {}).setdefault(reason, 0)
                 want[outcome][reason] += 1
         assert a.accepted_by_reason == want.get("accepted", {}), kind

@@ -93,7 +93,8 @@ from pyspark.sql import functions as F
 
 from transforms import landing
 from transforms.atomic import replace_dir
-from transforms.landing import ACTIONS, CLICK_TYPES, DEVICES, FILE_KINDS, INTEGER_KEYS, OPTIONAL_KEYS, REQUIRED_KEYS, SURFACES
+from transforms.landing import (ACTIONS, CLICK_TYPES, DEVICES, FILE_KINDS, INTEGER_KEYS, OPTIONAL_KEYS, REQUIRED_KEYS,
+                                SURFACE_SLOTS, SURFACES)
 
 DAY_MS = landing.DAY_MS
 ID_KEYS = ("request_id", "impression_id", "user_id", "ad_id", "campaign_id", "advertiser_id",
@@ -103,8 +104,10 @@ ENUM_KEYS: dict[str, tuple[str, ...]] = {
 }
 ALL_KEYS = tuple(dict.fromkeys(k for kind in FILE_KINDS for k in REQUIRED_KEYS[kind] + OPTIONAL_KEYS[kind]))
 
-ACCEPTED, QUARANTINED, DUPLICATE = "accepted", "quarantined", "duplicate"
-QUARANTINE_REASONS = ("malformed_json", "missing_key", "bad_type", "bad_value", "ts_out_of_range",
+ACCEPTED, QUARANTINED, DUPLICATE, BLANK = "accepted", "quarantined", "duplicate", "blank"
+# Row rules, in the order they are decided (a line gets the first that applies).
+QUARANTINE_REASONS = ("malformed_json", "missing_key", "bad_type", "unknown_enum", "empty_id",
+                      "position_out_of_range", "ts_out_of_range", "negative_dwell",
                       "orphan_click", "click_outside_window")
 DUPLICATE_REASONS = ("duplicate_line", "duplicate_impression_id", "duplicate_click")
 ACCEPTED_REASONS = ("event", "attributed", "attributed_previous_day")
@@ -193,16 +196,23 @@ def _first(pairs):
 INT_TEXT = r"^-?[0-9]{1,19}$"
 
 
+# JSON whitespace around an object, a CR left by CRLF endings and a UTF-8 byte-order mark are not
+# part of the record (RFC 8259 / JSON Lines); the raw line is kept untouched for the quarantine.
+FRAMING = " \t\r\ufeff"
+
+
 def _parse_kind(lines: DataFrame, k_name: str) -> DataFrame:
     """Validate the lines of one file kind (one kind per projection keeps generated code small).
 
-    One Jackson parse per line: ``from_json(raw, 'map<string,string>')`` gives every top-level key
+    One Jackson parse per line: ``from_json(body, 'map<string,string>')`` gives every top-level key
     with its value as text (numbers, booleans and nested values as their JSON text, strings
     unquoted). An integer field must have an integer literal as text *and* must not be a JSON
-    string (a regex on the raw line tells ``"ts_ms": "123"`` from ``"ts_ms": 123``).
+    string (a regex on the line tells ``"ts_ms": "123"`` from ``"ts_ms": 123``). Every rule a
+    blocking events check enforces on one row is decided here, each with its own reason.
     """
     keys = REQUIRED_KEYS[k_name] + OPTIONAL_KEYS[k_name]
-    df = lines.filter(F.col("kind") == k_name).withColumn("m", F.from_json("raw", "map<string,string>"))
+    df = lines.filter(F.col("kind") == k_name).withColumn("body", F.btrim("raw", F.lit(FRAMING)))
+    df = df.withColumn("m", F.from_json("body", "map<string,string>"))
     m = F.col("m")
     # Extract every value once into its own column: the checks below reference each several times.
     df = df.select("*", *[F.element_at(m, F.lit(k)).alias(f"x_{k}") for k in keys])
@@ -211,14 +221,15 @@ def _parse_kind(lines: DataFrame, k_name: str) -> DataFrame:
     def problem(reason: str, detail):
         return F.struct(F.lit(reason).alias("reason"), (F.lit(detail) if isinstance(detail, str) else detail).alias("detail"))
 
-    malformed = (m.isNull() | ~F.rtrim("raw").endswith("}")
+    blank = F.length("body") == 0
+    malformed = (m.isNull() | ~F.col("body").endswith("}")
                  | (F.size(F.map_keys(m)) != F.size(F.array_distinct(F.map_keys(m)))))
     checks: list[tuple] = [(malformed, problem("malformed_json", "not a single JSON object"))]
     for key in REQUIRED_KEYS[k_name]:
         checks.append((text[key].isNull(), problem("missing_key", key)))
     for key in keys:
         if key in INTEGER_KEYS[k_name]:
-            quoted = F.col("raw").rlike(f'"{key}"\\s*:\\s*"')
+            quoted = F.col("body").rlike(f'"{key}"\\s*:\\s*"')
             wrong = quoted | ~text[key].rlike(INT_TEXT) | text[key].try_cast("bigint").isNull()
             shown = F.when(quoted, F.concat(F.lit('"'), text[key], F.lit('"'))).otherwise(text[key])
         else:  # ids and enums: scalars only (ids are opaque strings; enums are checked by domain below)
@@ -228,15 +239,23 @@ def _parse_kind(lines: DataFrame, k_name: str) -> DataFrame:
                        problem("bad_type", F.concat(F.lit(f"{key}="), F.substring(shown, 1, 40)))))
     for key in REQUIRED_KEYS[k_name]:
         if key in ENUM_KEYS:
-            checks.append((~text[key].isin(*ENUM_KEYS[key]), problem("bad_value", F.concat(F.lit(f"{key}="), text[key]))))
+            checks.append((~text[key].isin(*ENUM_KEYS[key]), problem("unknown_enum", F.concat(F.lit(f"{key}="), text[key]))))
         elif key in ID_KEYS:
-            checks.append((F.length(text[key]) == 0, problem("bad_value", f"{key} is empty")))
-    checks.append((text["ts_ms"].cast("bigint") < 0, problem("bad_value", "ts_ms < 0")))
+            checks.append((F.length(F.trim(text[key])) == 0, problem("empty_id", key)))
     if k_name == "impressions":
-        checks.append((text["position"].cast("bigint") < 1, problem("bad_value", "position < 1")))
+        slots = _first((text["surface"] == s, F.lit(n)) for s, n in SURFACE_SLOTS.items())
+        position = text["position"].cast("bigint")
+        checks.append(((position < 1) | (position > slots), problem(
+            "position_out_of_range", F.concat(F.lit("position="), text["position"], F.lit(" on "), text["surface"],
+                                              F.lit(" (slots 1.."), slots.cast("string"), F.lit(")")))))
+    if k_name != "clicks":  # a click's time is judged against its impression (attribution window)
+        start = day_start_col(F.col("src_day"))
+        ts = text["ts_ms"].cast("bigint")
+        checks.append(((ts < start) | (ts >= start + F.lit(DAY_MS)), problem(
+            "ts_out_of_range", F.concat(F.lit("ts_ms="), text["ts_ms"], F.lit(" outside "), F.col("src_day")))))
     if k_name == "clicks":
-        checks.append((text["dwell_ms"].cast("bigint") < 0, problem("bad_value", "dwell_ms < 0")))
-    verdict = _first(checks)
+        checks.append((text["dwell_ms"].cast("bigint") < 0, problem("negative_dwell", F.concat(F.lit("dwell_ms="), text["dwell_ms"]))))
+    verdict = F.when(blank, problem("blank_line", F.lit(None).cast("string"))).otherwise(_first(checks))
 
     typed = []
     for key in ALL_KEYS:
@@ -248,11 +267,11 @@ def _parse_kind(lines: DataFrame, k_name: str) -> DataFrame:
             typed.append(text[key].alias(key))
     known = F.array(*[F.lit(k) for k in keys])
     has_extra = F.coalesce(F.size(F.array_except(F.map_keys(m), known)) > 0, F.lit(False))
-    df = df.select("src_day", "kind", "source_file", "line_no", "raw", *typed,
+    df = df.select("src_day", "kind", "source_file", "line_no", "raw", "body", *typed,
                    has_extra.alias("has_extra"), verdict.alias("_verdict"))
     return df.select(
         "src_day", "kind", "source_file", "line_no", "raw", *ALL_KEYS, "has_extra",
-        F.when(F.col("_verdict").isNotNull(), F.lit(QUARANTINED)).alias("outcome"),
+        F.when(blank, F.lit(BLANK)).when(F.col("_verdict").isNotNull(), F.lit(QUARANTINED)).alias("outcome"),
         F.col("_verdict.reason").alias("reason"),
         F.col("_verdict.detail").alias("detail"),
     )
@@ -327,14 +346,6 @@ def day_start_col(day_col):
     return F.unix_date(F.to_date(day_col)).cast("bigint") * F.lit(DAY_MS)
 
 
-def mark_out_of_range(df: DataFrame) -> DataFrame:
-    """Impressions and behaviors must carry a ts_ms inside their file's UTC day."""
-    start = day_start_col(F.col("src_day"))
-    outside = (F.col("kind") != "clicks") & ((F.col("ts_ms") < start) | (F.col("ts_ms") >= start + F.lit(DAY_MS)))
-    return _decide(df, outside, QUARANTINED, "ts_out_of_range",
-                   F.concat(F.lit("ts_ms="), F.col("ts_ms").cast("string"), F.lit(" outside "), F.col("src_day")))
-
-
 def accept_pending(df: DataFrame) -> DataFrame:
     """Impressions and behaviors still pending are accepted events."""
     return _decide(df, F.col("kind") != "clicks", ACCEPTED, "event")
@@ -393,7 +404,6 @@ def decide_lines(parsed: DataFrame) -> DataFrame:
     """
     df = mark_duplicate_lines(parsed)
     df = mark_duplicate_impressions(df)
-    df = mark_out_of_range(df)
     return accept_pending(df)
 
 
@@ -457,6 +467,7 @@ class KindAccount:
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
     duplicates_by_reason: dict[str, int] = field(default_factory=dict)
     extra_field: int = 0
+    blank_lines: int = 0    # whitespace-only lines: valid JSON Lines framing, not records, not input lines
 
     @property
     def closes(self) -> bool:
@@ -478,6 +489,10 @@ class EventsJobResult:
     attribution_window_min: float
     lines_read: int
     duration_s: float
+    # source_file -> {"kind", "lines" (records, blank lines excluded), "quarantined"} for D's files
+    files: dict[str, dict] = field(default_factory=dict)
+    source_declared_empty: bool = False
+    quarantined_files: list[dict] = field(default_factory=list)   # set aside by an operator (landing ledger)
 
     @property
     def ctr(self) -> float | None:
@@ -535,6 +550,10 @@ class EventsJobResult:
         for kind, a in self.accounting.items():
             parts.append(f"  {kind}: in={a.input_lines} acc={a.accepted} {a.accepted_by_reason} "
                          f"q={a.quarantined} {a.quarantined_by_reason} dup={a.duplicates} {a.duplicates_by_reason}")
+        for entry in self.quarantined_files:
+            parts.append(f"  file set aside by an operator: {entry['file']} ({entry['declared_lines']} declared lines): {entry['reason']}")
+        if self.source_declared_empty:
+            parts.append("  the source declares this day empty (_SUCCESS lists zero lines)")
         ctr = f"{self.ctr:.4f}" if self.ctr is not None else "n/a"
         parts.append(f"  events={self.events_rows} impressions={self.impressions} ctr={ctr} "
                      f"{self.duration_s:.1f}s {self.rows_per_s:,.0f} lines/s")
@@ -545,12 +564,22 @@ def _shift(day: str, days: int) -> str:
     return (dt.date.fromisoformat(day) + dt.timedelta(days=days)).isoformat()
 
 
-def _context_day(home: Path, day: str, verify: bool) -> landing.LandingDay | None:
+def _context_day(home: Path, day: str) -> landing.LandingDay | None:
     """A neighbouring landing day if it is complete; None if absent or not yet complete."""
     path = landing.day_dir(home, day)
     if not (path / landing.SUCCESS_MARKER).exists():
         return None
-    return landing.open_day(home, day, verify=verify)
+    return landing.open_day(home, day, verify=False)
+
+
+def _read_error(exc: Exception, sources: Sequence[SourceFile]) -> landing.LandingError | None:
+    """Spark's failure to decompress a landing file as a LandingError naming the file (else None)."""
+    text = str(exc)
+    for src in sources:
+        if os.path.abspath(src.path) in text:
+            return landing.LandingError(f"{src.path}: corrupt gzip (Spark could not read it: "
+                                        f"{text.splitlines()[0][:300]}); {landing.RELEASE_HINT}")
+    return None
 
 
 def _clean_spark_files(path: Path) -> None:
@@ -605,17 +634,17 @@ def run_events_job(
     * ``require_next_day``: raise ``LandingError`` if D+1 is not complete (otherwise D+1 is used when
       complete and skipped when not — the asset applies the grace period).
     * ``use_next_day=False`` ignores D+1 even when present (tests, replays).
-    * ``verify_landing`` decompresses each landing file once to check its gzip and line count
-      against ``_SUCCESS`` before Spark reads it.
+    * ``verify_landing``: every file of D must hold the line count ``_SUCCESS`` declares, as Spark
+      counted it in the same pass that parses it (no separate decompression pass).
     """
     t0 = time.perf_counter()
     home = Path(home)
     day = day if isinstance(day, str) else day.isoformat()
-    current = landing.open_day(home, day, verify=verify_landing)
-    previous = _context_day(home, _shift(day, -1), verify_landing)
+    current = landing.open_day(home, day, verify=False)
+    previous = _context_day(home, _shift(day, -1))
     nxt = None
     if use_next_day:
-        nxt = _context_day(home, _shift(day, 1), verify_landing)
+        nxt = _context_day(home, _shift(day, 1))
         if nxt is None and require_next_day:
             raise landing.LandingError(
                 f"landing day {_shift(day, 1)} is not complete: the events job for {day} needs it for late clicks")
@@ -629,68 +658,47 @@ def run_events_job(
     if nxt is not None:
         sources += [SourceFile(nxt.day, "clicks", str(p)) for p in nxt.files["clicks"]]
 
-    window_ms = int(round(attribution_window_min * 60_000))
-    saved = {k: spark.conf.get(k, None) for k in JOB_CONF}
-    for k, v in JOB_CONF.items():
-        spark.conf.set(k, v)
-    resolved = parsed = decided = None
-    try:
-        parsed = parse_lines(read_lines(spark, sources)).persist(StorageLevel.MEMORY_AND_DISK)
-        decided = decide_lines(parsed).persist(StorageLevel.MEMORY_AND_DISK)
-        decided.count()
-        parsed.unpersist()
-        resolved = attribute_clicks(decided, window_ms).persist(StorageLevel.MEMORY_AND_DISK)
-        counts = ledger_counts(resolved).collect()
-        decided.unpersist()
-        accounting = {kind: KindAccount() for kind in FILE_KINDS}
-        clicked = 0
-        per_file: dict[str, list[int]] = {}
-        for r in counts:
-            f = per_file.setdefault(r["source_file"], [0, 0])
-            f[0] += r["lines"]
-            f[1] = max(f[1], r["max_line_no"] or 0)
-            if r["outcome"] == ACCEPTED and r["kind"] == "clicks" and r["imp_day"] == day:
-                clicked += r["lines"]
-            if r["src_day"] != day:
-                continue
-            a = accounting[r["kind"]]
-            n = r["lines"]
-            bucket = {ACCEPTED: a.accepted_by_reason, QUARANTINED: a.quarantined_by_reason,
-                      DUPLICATE: a.duplicates_by_reason}[r["outcome"]]
-            bucket[r["reason"]] = bucket.get(r["reason"], 0) + n
-            a.extra_field += r["extra_field"]
-            a.input_lines += n
-        lines_read = sum(n for n, _ in per_file.values())
-        packed = {f: v for f, v in per_file.items() if v[0] != v[1]}
-        if packed:
-            raise AccountingError(f"line numbers are not exact (several files in one Spark partition?): {packed}")
-        for kind, a in accounting.items():
-            a.accepted = sum(a.accepted_by_reason.values())
-            a.quarantined = sum(a.quarantined_by_reason.values())
-            a.duplicates = sum(a.duplicates_by_reason.values())
-            for bucket in (a.accepted_by_reason, a.quarantined_by_reason, a.duplicates_by_reason):
-                items = sorted(bucket.items())
-                bucket.clear()
-                bucket.update(items)
-            if verify_landing and a.input_lines != current.line_counts[kind]:
-                raise AccountingError(f"{day} {kind}: Spark read {a.input_lines} lines, the landing files hold {current.line_counts[kind]}")
-            if not a.closes:
-                raise AccountingError(
-                    f"{day} {kind}: {a.input_lines} input lines != {a.accepted} accepted + {a.quarantined} quarantined + {a.duplicates} duplicates")
-
-        lake = home / "lake"
-        events_path = write_partition(build_events(resolved, day), lake / "events", day, EVENT_SORT, events_files)
-        quarantine_path = write_partition(build_quarantine(resolved, day), lake / "quarantine", day,
-                                          ("kind", "source_file", "line_no"), 1)
-    finally:
-        for cached in (parsed, decided, resolved):
-            if cached is not None:
-                cached.unpersist()
-        for k, v in saved.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
+    accounting = {kind: KindAccount() for kind in FILE_KINDS}
+    files: dict[str, dict] = {}
+    lines_read = clicked = 0
+    lake = home / "lake"
+    if not any(current.files.values()):  # a source-declared empty day without files: nothing to read
+        empty = spark.createDataFrame([], ", ".join(f"{c} {t}" for c, t in EVENT_COLUMNS.items()))
+        events_path = write_partition(empty, lake / "events", day)
+        quarantine_path = write_partition(
+            spark.createDataFrame([], ", ".join(f"{c} {t}" for c, t in QUARANTINE_COLUMNS.items())), lake / "quarantine", day)
+    else:
+        window_ms = int(round(attribution_window_min * 60_000))
+        saved = {k: spark.conf.get(k, None) for k in JOB_CONF}
+        for k, v in JOB_CONF.items():
+            spark.conf.set(k, v)
+        parsed = decided = resolved = None
+        try:
+            try:
+                parsed = parse_lines(read_lines(spark, sources)).persist(StorageLevel.MEMORY_AND_DISK)
+                decided = decide_lines(parsed).persist(StorageLevel.MEMORY_AND_DISK)
+                decided.count()
+            except Exception as exc:  # a file Spark cannot decompress fails the day naming the file
+                raise (_read_error(exc, sources) or exc) from exc
+            parsed.unpersist()
+            resolved = attribute_clicks(decided, window_ms).persist(StorageLevel.MEMORY_AND_DISK)
+            counts = ledger_counts(resolved).collect()
+            decided.unpersist()
+            lines_read, clicked = _account(counts, day, accounting, files)
+            if verify_landing:
+                _check_declared_counts(current, files)
+            events_path = write_partition(build_events(resolved, day), lake / "events", day, EVENT_SORT, events_files)
+            quarantine_path = write_partition(build_quarantine(resolved, day), lake / "quarantine", day,
+                                              ("kind", "source_file", "line_no"), 1)
+        finally:
+            for cached in (parsed, decided, resolved):
+                if cached is not None:
+                    cached.unpersist()
+            for k, v in saved.items():
+                if v is None:
+                    spark.conf.unset(k)
+                else:
+                    spark.conf.set(k, v)
 
     impressions = accounting["impressions"].accepted
     behaviors = accounting["behaviors"].accepted
@@ -708,4 +716,64 @@ def run_events_job(
         attribution_window_min=float(attribution_window_min),
         lines_read=lines_read,
         duration_s=time.perf_counter() - t0,
+        files=files,
+        source_declared_empty=current.declared_empty,
+        quarantined_files=current.quarantined_files,
     )
+
+
+def _account(counts, day: str, accounting: dict[str, KindAccount], files: dict[str, dict]) -> tuple[int, int]:
+    """Fold the ledger rows into per-kind and per-file accounting of D; returns (lines read, clicked).
+
+    Raises AccountingError if line numbers are not exact or a kind's accounting does not close.
+    """
+    clicked = 0
+    per_file: dict[str, list[int]] = {}
+    for r in counts:
+        f = per_file.setdefault(r["source_file"], [0, 0])
+        f[0] += r["lines"]
+        f[1] = max(f[1], r["max_line_no"] or 0)
+        if r["outcome"] == ACCEPTED and r["kind"] == "clicks" and r["imp_day"] == day:
+            clicked += r["lines"]
+        if r["src_day"] != day:
+            continue
+        a = accounting[r["kind"]]
+        n = r["lines"]
+        mine = files.setdefault(r["source_file"], {"kind": r["kind"], "lines": 0, "blank_lines": 0, "quarantined": 0})
+        if r["outcome"] == BLANK:
+            a.blank_lines += n
+            mine["blank_lines"] += n
+            continue
+        bucket = {ACCEPTED: a.accepted_by_reason, QUARANTINED: a.quarantined_by_reason,
+                  DUPLICATE: a.duplicates_by_reason}[r["outcome"]]
+        bucket[r["reason"]] = bucket.get(r["reason"], 0) + n
+        a.extra_field += r["extra_field"]
+        a.input_lines += n
+        mine["lines"] += n
+        mine["quarantined"] += n if r["outcome"] == QUARANTINED else 0
+    packed = {f: v for f, v in per_file.items() if v[0] != v[1]}
+    if packed:
+        raise AccountingError(f"line numbers are not exact (several files in one Spark partition?): {packed}")
+    for kind, a in accounting.items():
+        a.accepted = sum(a.accepted_by_reason.values())
+        a.quarantined = sum(a.quarantined_by_reason.values())
+        a.duplicates = sum(a.duplicates_by_reason.values())
+        for bucket in (a.accepted_by_reason, a.quarantined_by_reason, a.duplicates_by_reason):
+            items = sorted(bucket.items())
+            bucket.clear()
+            bucket.update(items)
+        if not a.closes:
+            raise AccountingError(
+                f"{day} {kind}: {a.input_lines} input lines != {a.accepted} accepted + {a.quarantined} quarantined + {a.duplicates} duplicates")
+    return sum(n for n, _ in per_file.values()), clicked
+
+
+def _check_declared_counts(current: landing.LandingDay, files: dict[str, dict]) -> None:
+    """Every file of D holds the lines _SUCCESS declares (Spark's count: records + blank lines)."""
+    for kind in FILE_KINDS:
+        for path in current.files[kind]:
+            name = path.name
+            got = files.get(f"date={current.day}/{name}", {})
+            n = got.get("lines", 0) + got.get("blank_lines", 0)
+            if name in current.declared and current.declared[name] != n:
+                raise landing.LandingError(f"{path}: {n} lines but {landing.SUCCESS_MARKER} declares {current.declared[name]}")
