@@ -71,14 +71,14 @@ def _nullable(values: np.ndarray, null, dtype) -> np.ndarray:
 
 
 def hash_columns(columns: Mapping[str, np.ndarray], hash_key: str) -> np.ndarray:
-    """(n, 7) uint64 hashes of the id columns (a missing column or a null id hashes to 0)."""
+    """(n, 7) uint64 hashes of the id columns (a missing column or a null id hashes to 0). The columns are
+    hashed in one call: per-call overhead, not the strings, dominates a request's 200 candidates."""
     n = len(next(iter(columns.values())))
-    out = np.zeros((n, len(ID_COLUMNS)), np.uint64)
-    for j, name in enumerate(ID_COLUMNS):
-        values = np.asarray(columns.get(name, np.full(n, None)), dtype=object)
-        if n:
-            out[:, j] = np.where(pd.isna(values), np.uint64(0), stable_hash(values, hash_key))
-    return out
+    values = np.concatenate([np.asarray(columns.get(name, np.full(n, None)), dtype=object) for name in ID_COLUMNS])
+    if not n:
+        return np.zeros((0, len(ID_COLUMNS)), np.uint64)
+    hashed = np.where(pd.isna(values), np.uint64(0), stable_hash(values, hash_key))
+    return hashed.reshape(len(ID_COLUMNS), n).T.copy()
 
 
 def encode(columns: Mapping[str, np.ndarray], hash_key: str) -> EventArrays:
