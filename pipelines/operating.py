@@ -85,6 +85,8 @@ def plan_next_day(instance: dg.DagsterInstance, root: Path, now: dt.datetime, gr
         state, why = day_state(instance, day, fingerprint)
         if state == "done":
             continue
+        if state == "running":
+            return Plan(None, why, found.problems)
         if state == "blocked":
             return Plan(None, f"{day} is blocked: {why}; {RELEASE_HINT}", found.problems)
         return Plan(DayRequest(day, fingerprint, decision == "skip"), why, found.problems)
@@ -106,7 +108,7 @@ def next_run(context: dg.SensorEvaluationContext | dg.ScheduleEvaluationContext,
 
 
 def day_state(instance: dg.DagsterInstance, day: str, fingerprint: str) -> tuple[str, str]:
-    """('done' | 'blocked' | 'new', why) for a day whose landing content has ``fingerprint``.
+    """('done' | 'running' | 'blocked' | 'new', why) for a day whose landing content has ``fingerprint``.
 
     The runs that already processed this content: the run (and its retries) that made the newest
     ``events`` materialisation with this fingerprint, whoever launched it, and every run the sensor
@@ -123,6 +125,9 @@ def day_state(instance: dg.DagsterInstance, day: str, fingerprint: str) -> tuple
     runs += instance.get_runs(dg.RunsFilter(tags={"dagster/partition": day, FINGERPRINT_TAG: fingerprint}))
     if any(_completed(r) for r in runs):
         return "done", f"{day} done"
+    for r in runs:
+        if r.status in NOT_FINISHED_STATUSES or (_retry_pending(r) and not any(c.parent_run_id == r.run_id for c in runs)):
+            return "running", f"run {r.run_id[:8]} of {day} is {r.status.value}" + (" (its retry is due)" if _retry_pending(r) else "")
     if runs:
         last = max(runs, key=lambda r: instance.get_run_record_by_id(r.run_id).create_timestamp)
         checks, reason = last.tags.get(BLOCKED_BY_TAG), last.tags.get(BLOCKED_REASON_TAG, "")
@@ -139,6 +144,10 @@ def _completed(run: dg.DagsterRun) -> bool:
     blocked_by = run.tags.get(BLOCKED_BY_TAG, "")
     return (run.status == dg.DagsterRunStatus.FAILURE and bool(blocked_by)
             and all(c.startswith(GATE_PREFIX) for c in blocked_by.split(",")))
+
+
+def _retry_pending(run: dg.DagsterRun) -> bool:
+    return run.status == dg.DagsterRunStatus.FAILURE and run.tags.get("dagster/will_retry") == "true"
 
 
 def _busy(instance: dg.DagsterInstance) -> str | None:

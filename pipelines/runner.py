@@ -129,7 +129,9 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
     results = []
     for day in days:
         result = daily.execute_in_process(partition_key=day, instance=instance, raise_on_error=False,
-                                          run_config=run_config, tags={"genrank/launched_by": "cli"})
+                                          run_config=run_config,
+                                          # the command reports a failed day itself: no daemon retries it later
+                                          tags={"genrank/launched_by": "cli", "dagster/max_retries": "0"})
         teacher = _materialization_metadata(result, "teacher_model")
         if "window" in teacher:
             print(f"{day}  teacher {'retrained' if teacher.get('retrained') else 'reused'} before the day: "

@@ -10,7 +10,7 @@ from pathlib import Path
 import dagster as dg
 from dagster_dbt import DbtCliResource
 
-from pipelines.definitions import defs as genrank_defs
+import pipelines.definitions as genrank
 
 
 class FlakyDbt(DbtCliResource):
@@ -25,11 +25,11 @@ class FlakyDbt(DbtCliResource):
         return super().cli(args, **kwargs)
 
 
-_dbt = genrank_defs.resources["dbt"]
+_dbt = genrank.defs.resources["dbt"]
 defs = dg.Definitions(
-    assets=genrank_defs.assets, asset_checks=genrank_defs.asset_checks, jobs=genrank_defs.jobs,
-    schedules=genrank_defs.schedules, sensors=genrank_defs.sensors,
-    resources={**genrank_defs.resources,
+    assets=genrank.defs.assets, asset_checks=genrank.defs.asset_checks, jobs=genrank.defs.jobs,
+    schedules=genrank.defs.schedules, sensors=genrank.defs.sensors,
+    resources={**genrank.defs.resources,
                "dbt": FlakyDbt(project_dir=_dbt.project_dir, profiles_dir=_dbt.profiles_dir,
                                dbt_executable=_dbt.dbt_executable, fail_once=os.environ.get("GENRANK_TEST_FAIL_ONCE", ""))},
 )

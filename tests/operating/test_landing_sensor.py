@@ -86,8 +86,7 @@ def test_a_replaced_file_is_requested_exactly_once(built_home, tmp_path):
     assert [r.partition_key for r in result.run_requests] == [report.days[0]]
     # once that run is queued nothing else starts, and a request for the same content is never made twice
     run = instance.create_run_for_job(
-        job_def=_daily_job(), run_id=None, tags={**result.run_requests[0].tags, "dagster/partition": report.days[0]},
-        status=dg.DagsterRunStatus.QUEUED)
+        job_def=_daily_job(), tags={**result.run_requests[0].tags, "dagster/partition": report.days[0]})
     busy = _evaluate(copy, instance)
     assert busy.run_requests == [] and run.run_id[:8] in busy.skip_reason.skip_message
     instance.report_run_failed(run)
@@ -161,6 +160,7 @@ def test_a_day_stopped_by_a_blocking_check_stays_blocked_with_its_reason(tmp_pat
     [run] = instance.get_runs(dg.RunsFilter(job_name="daily_job"))
     assert run.status == dg.DagsterRunStatus.FAILURE
     assert run.tags[operating.BLOCKED_BY_TAG].startswith("events:") and run.tags[operating.BLOCKED_REASON_TAG]
+    assert run.tags["dagster/retry_on_asset_or_op_failure"] == "false"   # what stops the daemon's retry
     assert run.tags["dagster/will_retry"] == "false"
     blocked = operating.plan_next_day(instance, tmp_path, dt.datetime.now(dt.timezone.utc), 6.0)
     assert blocked.request is None and blocked.reason.startswith(f"{day} is blocked")
