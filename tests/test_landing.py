@@ -74,3 +74,29 @@ def test_line_count_mismatch_with_marker_is_named(tmp_path):
         fh.write("{}\n")
     with pytest.raises(landing.LandingError, match=r"impressions-00000.jsonl.gz: 1 lines but _SUCCESS declares 3"):
         landing.open_day(tmp_path, "2026-01-01")
+
+
+def test_not_gzip_is_named_without_decompressing(tmp_path):
+    path = _day(tmp_path)
+    (path / "clicks-00000.jsonl.gz").write_bytes(b'{"a": 1}\n')
+    with pytest.raises(landing.LandingError, match=r"clicks-00000.jsonl.gz: corrupt gzip \(not a gzip file.*quarantine-file"):
+        landing.open_day(tmp_path, "2026-01-01", verify=False)
+
+
+def test_quarantine_file_moves_it_with_a_ledger_entry_and_releases_the_day(tmp_path):
+    path = _day(tmp_path, n=4)
+    target = path / "behaviors-00000.jsonl.gz"
+    with pytest.raises(landing.LandingError, match="a reason is required"):
+        landing.quarantine_file(tmp_path, target, "  ")
+    with pytest.raises(landing.LandingError, match="not a file of a landing day"):
+        landing.quarantine_file(tmp_path, tmp_path / "elsewhere.jsonl.gz", "x")
+    target.unlink()
+    with pytest.raises(landing.LandingError, match="behaviors-00000.jsonl.gz declared in _SUCCESS but not in"):
+        landing.open_day(tmp_path, "2026-01-01")  # a file gone without a ledger entry is an error
+    _day(tmp_path, n=4)
+    entry = landing.quarantine_file(tmp_path, target, "bad upload")
+    assert entry["declared_lines"] == 4 and entry["day"] == "2026-01-01" and entry["kind"] == "behaviors"
+    assert (tmp_path / entry["moved_to"]).exists() and not target.exists()
+    opened = landing.open_day(tmp_path, "2026-01-01")
+    assert opened.files["behaviors"] == [] and opened.quarantined_files == [entry]
+    assert not opened.declared_empty

@@ -205,3 +205,26 @@ def test_gx_checks_catch_leakage_and_unlabelled_targets(tmp_path, full_home):
     assert not outcomes["samples_targets_labelled"].passed
     assert not outcomes["samples_bucket_range"].passed
     assert "7" in str(outcomes["samples_bucket_range"].failures[0].sample_values)
+
+
+def test_a_recorded_empty_day_is_built_empty_and_the_next_day_builds_on_the_day_before_it(tmp_path, incremental_home):
+    home = tmp_path / "home"
+    shutil.copytree(incremental_home, home)
+    empty, after = day_range(DAYS[-1], 3)[1:]
+    write_lake(home, [after])
+    schema = pq.read_schema(home / "lake" / "events" / f"date={after}" / "part-00000.parquet")
+    (home / "lake" / "events" / f"date={empty}").mkdir(parents=True)
+    pq.write_table(schema.empty_table(), home / "lake" / "events" / f"date={empty}" / "part-00000.parquet")
+    assert sequences.recorded_empty_day(home, empty) and not sequences.recorded_empty_day(home, after)
+
+    before = _snapshot(home)["user_sequences"]
+    assert sequences.plan_window(home, after, after).days == [after]  # the empty gap is no missing day
+    assert _build(home, empty).success
+    assert pq.read_table(home / "lake" / "training_samples" / f"date={empty}").num_rows == 0
+    assert _build(home, after).success
+    seqs = _snapshot(home)["user_sequences"]
+    appended = seqs[seqs.added_date.astype(str) == after]
+    heads = before.groupby("user_id").seq_index.max()
+    first = appended.groupby("user_id").seq_index.min()
+    continued = first[first.index.isin(heads.index)]
+    assert len(continued) > 0 and (continued == heads[continued.index] + 1).all()

@@ -117,14 +117,28 @@ def last_built_day(warehouse: Path) -> str | None:
     return last.isoformat() if last else None
 
 
+def recorded_empty_day(home: Path, day: str) -> bool:
+    """Day D's events partition exists and holds no row: a day the source declared empty (the events
+    asset's blocking ``events_not_empty`` lets no other empty partition through). It appends nothing,
+    so state(D) = state(D-1) and the next day builds on the day before it."""
+    files = sorted((Path(home) / "lake" / "events" / f"date={day}").glob("*.parquet"))
+    return bool(files) and sum(pq.ParquetFile(f).metadata.num_rows for f in files) == 0
+
+
 def plan_window(home: Path, start: str, end: str) -> Window:
-    """The window to build: [start, max(end, last built day)], after checking its event partitions."""
+    """The window to build: [start, max(end, last built day)], after checking its event partitions.
+
+    Days between the last built day and ``start`` may only be recorded empty days (they add no event,
+    so nothing of the state is missing); any other gap is refused naming the first missing day.
+    """
     last = last_built_day(Path(home) / "warehouse.duckdb")
     if last:
         following = (dt.date.fromisoformat(last) + dt.timedelta(days=1)).isoformat()
-        if start > following:
+        before_start = (dt.date.fromisoformat(start) - dt.timedelta(days=1)).isoformat()
+        gap = [d for d in _days(following, before_start) if not recorded_empty_day(home, d)] if start > following else []
+        if gap:
             raise SequenceInputError(
-                f"user_sequences is built up to {last}; day {following} must be built before {start} "
+                f"user_sequences is built up to {last}; day {gap[0]} must be built before {start} "
                 "(state(D) extends state(D-1))")
     window = Window(start, last if last and last > end else end, end)
     check_event_partitions(home, window.start, window.end)

@@ -20,13 +20,16 @@ one outcome, so per file kind ``input_lines = accepted + quarantined + duplicate
   attribution of an impression of D (reason ``attributed``) or of D-1 (reason
   ``attributed_previous_day``: the late clicks after midnight, which label D-1's partition).
 * ``quarantined`` with a reason (raw line kept in the quarantine table):
-  ``malformed_json`` (not a JSON object: truncated, invalid, an array, empty),
+  ``malformed_json`` (not a JSON object: truncated, invalid, an array),
   ``missing_key`` (a REQUIRED key absent or null; ``detail`` names it),
   ``bad_type`` (an INTEGER_KEYS field that is not a JSON integer fitting a bigint — a numeric
   string, a float, a boolean, a word —, or an id/enum field holding an object or array;
   ``detail`` shows the key and the value),
-  ``bad_value`` (enum outside its domain, position < 1, dwell_ms < 0, ts_ms < 0, empty id),
+  ``unknown_enum`` (surface, device, click_type or action outside its domain),
+  ``empty_id`` (an id that is empty or whitespace),
+  ``position_out_of_range`` (position outside 1..``SURFACE_SLOTS`` of the impression's surface),
   ``ts_out_of_range`` (impression/behavior whose ts_ms is not inside its file's UTC day),
+  ``negative_dwell`` (a click's dwell_ms < 0),
   ``orphan_click`` (no accepted impression with that impression_id in the click file's day or the
   day before), ``click_outside_window`` (matched, but not within ``[imp_ts, imp_ts + window]``).
 * ``duplicate`` with a reason: ``duplicate_line`` (an exact copy of an earlier valid line of the same
@@ -34,8 +37,13 @@ one outcome, so per file kind ``input_lines = accepted + quarantined + duplicate
   ``duplicate_impression_id`` (a re-logged impression: the earliest ts_ms wins, ties by file and
   line), ``duplicate_click`` (a second in-window click on an impression: first click wins).
 
-Checks run in this order, each on the lines still undecided: parse/validate -> exact duplicates ->
-repeated impression_id -> ts range -> click attribution. Bad lines are never deduplicated (each
+Every single-row rule a blocking events check enforces is one of these row rules, so the event
+table never holds a row a check would reject; the checks then judge quarantine *rates*.
+Whitespace-only lines (blank lines of JSON Lines) are framing, not records: they are counted as
+``blank_lines`` beside the accounting and verified with the file's line count.
+
+Checks run in this order, each on the lines still undecided: parse/validate (all row rules) ->
+exact duplicates -> repeated impression_id -> click attribution. Bad lines are never deduplicated (each
 copy lands in the quarantine, so the quarantine shows the true volume of garbage).
 
 Click attribution
@@ -56,19 +64,23 @@ once D+1 has landed replaces the partition.
 
 Parsing
 -------
-Lines are read as text (``spark.read.text``, ``lineSep='\\n'``, so a stray ``\\r`` never splits a
-line; each gzip file is its own Spark partition, so ``line_no`` is exact without a pre-pass) and
-parsed once with ``from_json(raw, 'map<string,string>')``: every top-level key with its value as
-text. A line is ``malformed_json`` if that fails, if it is not one object ending in ``}``, or if a key
-repeats. An integer field must be an integer literal that fits a bigint and not a JSON string (a
+Lines are read as text (``spark.read.text``, ``lineSep='\\n'``; Hadoop's gzip codec reads
+multi-member files; each gzip file is its own Spark partition, so ``line_no`` is exact without a
+pre-pass). The record is the line without the JSON whitespace around it, a CR of CRLF endings and a
+byte-order mark (``FRAMING``); it is parsed once with ``from_json(record, 'map<string,string>')``:
+every top-level key with its value as text (non-ASCII text kept as is). A line is ``malformed_json``
+if that fails, if it is not one object ending in ``}``, or if a key repeats. An integer field must be an integer literal that fits a bigint and not a JSON string (a
 regex on the raw line tells ``"ts_ms":"123"`` from ``"ts_ms":123``); ids are opaque strings
 (integers or strings; an object/array is a ``bad_type``). Unknown extra keys are allowed and
 counted (``extra_field``).
 
-Execution: the parsed lines and the decided lines are persisted (MEMORY_AND_DISK) because several
-branches read them; deduplication windows run on narrow projections (keys and hashes only) and the
-few duplicates are joined back (broadcast by adaptive execution), so the wide rows are shuffled only
-for the final time-ordered write. Counting is one aggregation over the resolved lines.
+Execution: each landing file is read and parsed once, in the pass that also counts its lines (the
+counts are checked against ``_SUCCESS`` afterwards; no Python pre-pass decompresses the files). The
+deduplicated lines are cached (MEMORY_AND_DISK; raw text only on lines the quarantine may need) and
+read by the counts and both writes. Impressions take one shuffle by (day, impression_id) for both
+duplicate rules; attribution joins the few clicks to narrow impression keys, and the winners are
+broadcast onto the impressions. A file Spark cannot decompress fails the day with a ``LandingError``
+naming it (``genrank landing quarantine-file`` releases the day).
 
 Writes are atomic: each table is written into a hidden ``.tmp-date=D-*`` sibling and renamed over
 ``date=D`` (the previous version is moved aside first and deleted after), so a rerun of D replaces D
@@ -269,9 +281,16 @@ def _parse_kind(lines: DataFrame, k_name: str) -> DataFrame:
     has_extra = F.coalesce(F.size(F.array_except(F.map_keys(m), known)) > 0, F.lit(False))
     df = df.select("src_day", "kind", "source_file", "line_no", "raw", "body", *typed,
                    has_extra.alias("has_extra"), verdict.alias("_verdict"))
+    # The raw text is kept only where the quarantine may need it (rejected lines, and clicks, which
+    # attribution can still reject): the cached frame stays small. Line identity for exact
+    # duplicates is (xxhash64, murmur3, length) of the text.
+    rejected = F.col("_verdict").isNotNull() & ~blank
     return df.select(
-        "src_day", "kind", "source_file", "line_no", "raw", *ALL_KEYS, "has_extra",
-        F.when(blank, F.lit(BLANK)).when(F.col("_verdict").isNotNull(), F.lit(QUARANTINED)).alias("outcome"),
+        "src_day", "kind", "source_file", "line_no",
+        F.when(rejected | F.lit(k_name == "clicks"), F.col("raw")).alias("raw"),
+        F.xxhash64("raw").alias("_h1"), F.hash("raw").alias("_h2"), F.length("raw").alias("_len"),
+        *ALL_KEYS, "has_extra",
+        F.when(blank, F.lit(BLANK)).when(rejected, F.lit(QUARANTINED)).alias("outcome"),
         F.col("_verdict.reason").alias("reason"),
         F.col("_verdict.detail").alias("detail"),
     )
@@ -307,38 +326,27 @@ def _decide(df: DataFrame, cond, outcome: str, reason, detail=None) -> DataFrame
               .withColumn("outcome", F.when(hit, F.lit(outcome)).otherwise(F.col("outcome"))))
 
 
-def _mark_keys(df: DataFrame, keys: DataFrame, outcome: str, reason: str) -> DataFrame:
-    """Decide the rows whose (source_file, line_no) is in the small frame ``keys``.
+def mark_duplicates(df: DataFrame, shuffle_partitions: int) -> DataFrame:
+    """Exact copies of an earlier valid line -> duplicate_line (the first copy is kept); then a re-logged
+    impression_id of the day -> duplicate_impression_id (the earliest ts_ms wins; ties: file, line).
 
-    ``keys`` is small (the duplicates), so adaptive execution turns this into a broadcast join and
-    the wide rows (raw text and all fields) are never shuffled for deduplication.
+    Impressions are hash-partitioned once by (src_day, impression_id): exact copies share their
+    impression_id, so both windows run on that one shuffle. Clicks and behaviors need the copy rule
+    only. A false merge needs both hashes to collide among lines of equal length (~n^2 / 2^97).
+    Invalid lines take part in neither rule (each copy of garbage is quarantined and counted).
     """
-    flagged = df.join(keys.withColumn("_hit", F.lit(True)), ["source_file", "line_no"], "left")
-    return _decide(flagged, F.coalesce(F.col("_hit"), F.lit(False)), outcome, reason).drop("_hit")
-
-
-def mark_duplicate_lines(df: DataFrame) -> DataFrame:
-    """Exact copies of an earlier valid line of the same day and kind -> duplicate_line (first copy kept).
-
-    Line identity is (xxhash64, murmur3 hash, length) of the text: 96 bits of two independent hashes
-    plus the length, computed on a narrow projection so the wide rows are not shuffled. A false
-    merge needs a simultaneous collision of both hashes among lines of equal length (~n^2 / 2^97).
-    """
-    narrow = df.filter(_pending()).select(
-        "src_day", "kind", "source_file", "line_no",
-        F.xxhash64("raw").alias("_h1"), F.hash("raw").alias("_h2"), F.length("raw").alias("_len"))
-    w = Window.partitionBy("src_day", "kind", "_h1", "_h2", "_len").orderBy("source_file", "line_no")
-    dups = narrow.withColumn("_rn", F.row_number().over(w)).filter(F.col("_rn") > 1).select("source_file", "line_no")
-    return _mark_keys(df, dups, DUPLICATE, "duplicate_line")
-
-
-def mark_duplicate_impressions(df: DataFrame) -> DataFrame:
-    """A re-logged impression_id within one day's impressions: the earliest ts_ms wins (ties: file, line)."""
-    narrow = df.filter(_pending() & (F.col("kind") == "impressions")).select(
-        "src_day", "impression_id", "ts_ms", "source_file", "line_no")
-    w = Window.partitionBy("src_day", "impression_id").orderBy("ts_ms", "source_file", "line_no")
-    dups = narrow.withColumn("_rn", F.row_number().over(w)).filter(F.col("_rn") > 1).select("source_file", "line_no")
-    return _mark_keys(df, dups, DUPLICATE, "duplicate_impression_id")
+    ok = _pending()
+    copy_w = ["src_day", "kind", ok, "_h1", "_h2", "_len"]
+    imps = df.filter(F.col("kind") == "impressions").repartition(shuffle_partitions, "src_day", "impression_id")
+    imps = imps.withColumn("_copy", ok & (F.row_number().over(
+        Window.partitionBy("src_day", "impression_id", *copy_w[1:]).orderBy("source_file", "line_no")) > 1))
+    first = Window.partitionBy("src_day", "impression_id", ok, "_copy").orderBy("ts_ms", "source_file", "line_no")
+    imps = imps.withColumn("_relog", ok & ~F.col("_copy") & (F.row_number().over(first) > 1))
+    others = df.filter(F.col("kind") != "impressions")
+    others = others.withColumn("_copy", ok & (F.row_number().over(
+        Window.partitionBy(*copy_w).orderBy("source_file", "line_no")) > 1)).withColumn("_relog", F.lit(False))
+    out = _decide(imps.unionByName(others), F.col("_copy"), DUPLICATE, "duplicate_line")
+    return _decide(out, F.col("_relog"), DUPLICATE, "duplicate_impression_id").drop("_copy", "_relog", "_h1", "_h2", "_len")
 
 
 def day_start_col(day_col):
@@ -391,20 +399,12 @@ def attribute_clicks(df: DataFrame, window_ms: int) -> DataFrame:
     return rest.unionByName(cand)
 
 
-def resolve(lines: DataFrame, window_ms: int) -> DataFrame:
-    """All decision steps: every line ends with exactly one outcome (unpersisted composition)."""
-    return attribute_clicks(decide_lines(parse_lines(lines)), window_ms)
+def decide_lines(parsed: DataFrame, shuffle_partitions: int = 4) -> DataFrame:
+    """Dedup and acceptance of impressions/behaviors; clicks stay pending (attribution decides them).
 
-
-def decide_lines(parsed: DataFrame) -> DataFrame:
-    """Dedup, ts range and acceptance of impressions/behaviors; clicks stay pending.
-
-    ``parsed`` is read by the narrow dedup branches and the result by the three attribution
-    branches, so the job persists both (each branch would otherwise recompute the parse).
+    The job caches this frame: attribution, the counts and both writes all read it.
     """
-    df = mark_duplicate_lines(parsed)
-    df = mark_duplicate_impressions(df)
-    return accept_pending(df)
+    return accept_pending(mark_duplicates(parsed, shuffle_partitions))
 
 
 def build_events(resolved: DataFrame, day: str) -> DataFrame:
@@ -416,8 +416,9 @@ def build_events(resolved: DataFrame, day: str) -> DataFrame:
         F.col("dwell_ms").alias("w_dwell_ms"),
         F.col("ts_ms").alias("w_ts_ms"),
     )
+    # winners are at most one click per impression (a few % of them): broadcast, no wide shuffle
     imps = mine.filter(F.col("kind") == "impressions").join(
-        winners, F.col("impression_id") == F.col("w_impression_id"), "left")
+        F.broadcast(winners), F.col("impression_id") == F.col("w_impression_id"), "left")
     imps = imps.select(
         F.lit("impression").alias("event_kind"), "user_id", "ts_ms", "request_id", "impression_id",
         F.col("ad_id").alias("item_id"), "ad_id", "campaign_id", "advertiser_id", "category_id", "brand_id",
@@ -672,18 +673,17 @@ def run_events_job(
         saved = {k: spark.conf.get(k, None) for k in JOB_CONF}
         for k, v in JOB_CONF.items():
             spark.conf.set(k, v)
-        parsed = decided = resolved = None
+        decided = None
         try:
+            # Each file is read and parsed once, into the cached ``decided``; attribution (clicks
+            # against narrow impression keys) is cheap and recomputed by the counts and the writes.
+            decided = decide_lines(parse_lines(read_lines(spark, sources)), int(spark.conf.get("spark.sql.shuffle.partitions")))
+            decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
+            resolved = attribute_clicks(decided, window_ms)
             try:
-                parsed = parse_lines(read_lines(spark, sources)).persist(StorageLevel.MEMORY_AND_DISK)
-                decided = decide_lines(parsed).persist(StorageLevel.MEMORY_AND_DISK)
-                decided.count()
+                counts = ledger_counts(resolved).collect()
             except Exception as exc:  # a file Spark cannot decompress fails the day naming the file
                 raise (_read_error(exc, sources) or exc) from exc
-            parsed.unpersist()
-            resolved = attribute_clicks(decided, window_ms).persist(StorageLevel.MEMORY_AND_DISK)
-            counts = ledger_counts(resolved).collect()
-            decided.unpersist()
             lines_read, clicked = _account(counts, day, accounting, files)
             if verify_landing:
                 _check_declared_counts(current, files)
@@ -691,9 +691,8 @@ def run_events_job(
             quarantine_path = write_partition(build_quarantine(resolved, day), lake / "quarantine", day,
                                               ("kind", "source_file", "line_no"), 1)
         finally:
-            for cached in (parsed, decided, resolved):
-                if cached is not None:
-                    cached.unpersist()
+            if decided is not None:
+                decided.unpersist()
             for k, v in saved.items():
                 if v is None:
                     spark.conf.unset(k)

@@ -81,6 +81,9 @@ def build_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.adaptive.enabled", "true")
+        # Whole-stage code of the events parse is one method above the JVM's 8,000-byte JIT limit:
+        # without this flag it stays interpreted (measured: the parse ran ~1.5x slower).
+        .config("spark.driver.extraJavaOptions", "-XX:-DontCompileHugeMethods")
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
         # Parquet readable by DuckDB/pyarrow without surprises: plain INT64 timestamps are not used
         # (ts are bigint epoch ms), snappy compression.
