@@ -29,6 +29,7 @@ import pandas as pd
 
 from deploy import registry as reg
 from deploy.gates import GateConfig, evaluate_gates
+from deploy.model_card import ctr_card, teacher_card
 from deploy.onnx_export import OnnxScorer, find_bundle, latency_p99_ms, parity, write_bundle
 from deploy.reports import calibration_figure, metrics_by_bucket
 from pipelines import settings
@@ -263,6 +264,11 @@ def teacher_logits(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflo
     pred["teacher_version"] = teacher.version
     day_auc = float(auc(pred["label"].to_numpy(), pred["p"].to_numpy()))
     r.client.log_metric(teacher.run_id, f"auc_{day.replace('-', '_')}", day_auc)
+    logged = r.client.get_run(teacher.run_id)
+    aucs = {k.removeprefix("auc_").replace("_", "-"): v for k, v in logged.data.metrics.items() if k.startswith("auc_")}
+    r.client.update_model_version(reg.TEACHER, teacher.version, description=teacher_card(
+        teacher.version, teacher.tags.get("window", "?"), teacher.tags.get("code_version", "?"), aucs,
+        f"#/experiments/{logged.info.experiment_id}/runs/{teacher.run_id}"))
     out = _logits_path(paths, day)
     _atomic_parquet(pred[["impression_id", "user_id", "position_bucket", "p", "logit", "label", "teacher_version"]], out)
     yield dg.Output(None, metadata={"rows": len(pred), "teacher_version": teacher.version, "auc": day_auc,
@@ -517,6 +523,10 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
 
     plt.close(figure)
     r.client.set_terminated(run.info.run_id)
+    r.client.update_model_version(reg.CTR, challenger.version, description=ctr_card(
+        challenger.version, challenger.tags, day, reference_name, challenger_metrics, reference, gates, decision,
+        f"the challenger_evaluation config (force: true) of Dagster run {context.run_id}" if decision == "forced" else None,
+        run.info.run_id, f"#/experiments/{r.experiment_id(reg.CTR)}/runs/{run.info.run_id}"))
     gates_path = paths.lake_partition("evaluations", day) / "gates.json"
     gates_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_path = gates_path.with_suffix(".tmp")

@@ -35,7 +35,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pipelines.runner import run_days
 
     os.environ["GENRANK_HOME"] = str(Path(args.home).resolve())
-    return 0 if run_days(args.start, args.end, teacher_every_days=args.teacher_every_days).ok else 1
+    return 0 if run_days(args.start, args.end, teacher_every_days=args.teacher_every_days, verbose=args.verbose).ok else 1
 
 
 def _cmd_landing_quarantine_file(args: argparse.Namespace) -> int:
@@ -54,7 +54,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     home = Path(args.home).resolve()
     os.environ["GENRANK_HOME"] = str(home)
     print(simulate(preset=args.preset, seed=args.seed, out=home).summary(), flush=True)
-    return 0 if run_days(None, None, teacher_every_days=args.teacher_every_days).ok else 1
+    return 0 if run_days(None, None, teacher_every_days=args.teacher_every_days, verbose=args.verbose).ok else 1
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from pipelines.status import status
+
+    report, code = status(Path(args.home).resolve())
+    print(report)
+    return code
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
@@ -134,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default=home)
     p.add_argument("--start", default=None, help="first day (YYYY-MM-DD); default the first landing day")
     p.add_argument("--end", default=None, help="last day; default the last landing day")
+    p.add_argument("-v", "--verbose", action="store_true", help="show dbt, Spark, MLflow and Dagster logs on the console too")
     p.add_argument("--teacher-every-days", type=int, default=7,
                    help="retrain the teacher every N days after the first (default 7, like the weekly schedule)")
     p.set_defaults(func=_cmd_run)
@@ -151,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default=home)
     p.add_argument("--preset", default="demo")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-v", "--verbose", action="store_true", help="show dbt, Spark, MLflow and Dagster logs on the console too")
     p.add_argument("--teacher-every-days", type=int, default=3,
                    help="teacher retrain cadence (default 3: the 8-day demo compresses the weekly cadence so it "
                         "shows a retrain over a longer window)")
@@ -168,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default=home)
     p.add_argument("--port", type=int, default=3000)
     p.set_defaults(func=_cmd_ui)
+
+    p = sub.add_parser("status", help="landed / processed / blocked days, the registry's aliases and the online store's "
+                                      "day (exit 1 if a landed day is blocked, 2 without a landing zone)")
+    p.add_argument("--home", default=home)
+    p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("rollback", help="move the genrank-ctr champion alias back to the previous version")
     p.add_argument("--home", default=home)

@@ -62,11 +62,34 @@ class Plan:
     problems: list[str] = field(default_factory=list)   # landing entries skipped, for the sensor's log
 
 
+@dataclass(frozen=True)
+class DayStatus:
+    day: str
+    state: str        # done | running | blocked | waiting | new
+    why: str
+    request: DayRequest | None = None
+
+
+def day_statuses(instance: dg.DagsterInstance, root: Path, now: dt.datetime, grace_hours: float,
+                 days: list[str], landed: set[str]):
+    """Each day's state in date order (a generator: the planner stops at the first day not done)."""
+    from assets.events import next_day_decision
+
+    for day in days:
+        next_day = (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
+        decision = next_day_decision(day, next_day in landed, now, grace_hours)
+        if decision == "wait":
+            yield DayStatus(day, "waiting", f"{day} waits for landing {next_day} (its late clicks) or the end of "
+                                            f"the {grace_hours:g} h grace period after it")
+            continue
+        fingerprint = landing_watch.day_fingerprint(root, day, include_next=(decision == "use"))
+        state, why = day_state(instance, day, fingerprint)
+        yield DayStatus(day, state, why, DayRequest(day, fingerprint, decision == "skip"))
+
+
 def plan_next_day(instance: dg.DagsterInstance, root: Path, now: dt.datetime, grace_hours: float,
                   partition_keys: set[str] | None = None) -> Plan:
     """The next day to run, or why none: see the module docstring for the rules."""
-    from assets.events import next_day_decision
-
     found = landing_watch.scan(root)
     days = [d for d in found.complete if partition_keys is None or d in partition_keys]
     found.problems.extend(f"{landing.day_dir(root, d)}: not a daily partition (before GENRANK_START_DATE or in "
@@ -74,22 +97,12 @@ def plan_next_day(instance: dg.DagsterInstance, root: Path, now: dt.datetime, gr
     busy = _busy(instance)
     if busy:
         return Plan(None, busy, found.problems)
-    landed = set(found.complete)
-    for day in days:
-        next_day = (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
-        decision = next_day_decision(day, next_day in landed, now, grace_hours)
-        if decision == "wait":
-            return Plan(None, f"{day} waits for landing {next_day} (its late clicks) or the end of the "
-                              f"{grace_hours:g} h grace period after it", found.problems)
-        fingerprint = landing_watch.day_fingerprint(root, day, include_next=(decision == "use"))
-        state, why = day_state(instance, day, fingerprint)
-        if state == "done":
+    for status in day_statuses(instance, root, now, grace_hours, days, set(found.complete)):
+        if status.state == "done":
             continue
-        if state == "running":
-            return Plan(None, why, found.problems)
-        if state == "blocked":
-            return Plan(None, f"{day} is blocked: {why}; {RELEASE_HINT}", found.problems)
-        return Plan(DayRequest(day, fingerprint, decision == "skip"), why, found.problems)
+        if status.state == "blocked":
+            return Plan(None, f"{status.day} is blocked: {status.why}; {RELEASE_HINT}", found.problems)
+        return Plan(status.request if status.state == "new" else None, status.why, found.problems)
     return Plan(None, f"all {len(days)} landed day(s) are done" if days else "no complete landing day", found.problems)
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines import settings
+from pipelines.console import RunConsole
+from pipelines.report import write_run_report
 from transforms import landing
 
 # Written by genrank: this line marks a file the project may update (delete the line to keep edits).
@@ -71,6 +73,10 @@ class DayResult:
     failed_checks: list[str] = field(default_factory=list)
     error: str | None = None
 
+    @property
+    def status(self) -> str:
+        return "ok" if self.success and not self.failed_checks else "refused" if _only_gates_failed(self) else "FAILED"
+
 
 @dataclass
 class RunSummary:
@@ -110,46 +116,74 @@ TEACHER_EVERY_DAYS = 7    # the teacher's retrain cadence (assets/training.py Te
 
 
 def run_days(start: str | None, end: str | None, home: Path | None = None,
-             teacher_every_days: int = TEACHER_EVERY_DAYS) -> RunSummary:
+             teacher_every_days: int = TEACHER_EVERY_DAYS, verbose: bool = False) -> RunSummary:
     """Every complete landing day in [start, end] through the daily job, in order. The teacher retrains
     inside the run of the day that first needs it (two days of samples before it, then every
-    ``teacher_every_days`` days), exactly as under the daemon."""
+    ``teacher_every_days`` days), exactly as under the daemon. The console shows a live line per day and
+    its summary row; the libraries' logs go to $GENRANK_HOME/logs/ (and to the console with ``verbose``)."""
     home = home or settings.genrank_home()
     days = [d for d in landing.complete_days(home) if (start is None or d >= start) and (end is None or d <= end)]
     if not days:
         raise ValueError(f"no complete landing day under {home / 'landing'} in [{start or '-'}, {end or '-'}]: "
                          "run `genrank simulate` or `genrank import` first")
-    instance = prepare_instance(home)
-    from pipelines.definitions import defs
+    with RunConsole(home, verbose) as console:
+        instance = prepare_instance(home)
+        from pipelines.definitions import defs
 
-    run_config = {"loggers": {"console": {"config": {"log_level": "WARNING"}}},
-                  "ops": {"teacher_model": {"config": {"every_days": teacher_every_days}}}}
-    daily = defs.resolve_job_def("daily_job")
-    oracle = _oracle_auc_by_day(home)
-    results = []
-    for day in days:
-        result = daily.execute_in_process(partition_key=day, instance=instance, raise_on_error=False,
-                                          run_config=run_config,
-                                          # the command reports a failed day itself: no daemon retries it later
-                                          tags={"genrank/launched_by": "cli", "dagster/max_retries": "0"})
-        teacher = _materialization_metadata(result, "teacher_model")
-        if "window" in teacher:
-            print(f"{day}  teacher {'retrained' if teacher.get('retrained') else 'reused'} before the day: "
-                  f"version {teacher.get('version')}, trained on {teacher.get('window')}"
-                  + (f" ({teacher['steps']} steps)" if "steps" in teacher else ""), flush=True)
-        results.append(_summarise(day, result))
-        if day in oracle:
-            results[-1].figures["oracle_auc"] = oracle[day]
-        print(_format_day(results[-1]), flush=True)
-    summary = RunSummary(results)
-    refused = sum(_only_gates_failed(r) for r in results)
-    print(f"\n{sum(r.success for r in results) + refused}/{len(results)} days ran"
-          + (f" ({refused} challenger(s) refused by the gates: a decision, not a failure)." if refused else "."))
-    print(_bucket_table(home, days[-1]))
-    print(_champion_line(home))
-    print(f"Dagster: DAGSTER_HOME={os.environ['DAGSTER_HOME']} .venv/bin/genrank ui  (http://localhost:3000)")
-    print(f"MLflow:  mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}  (http://localhost:5000)")
+        run_config = {"loggers": {"console": {"config": {"log_level": "INFO" if verbose else "WARNING"}}},
+                      "ops": {"teacher_model": {"config": {"every_days": teacher_every_days}}}}
+        daily = defs.resolve_job_def("daily_job")
+        oracle = _oracle_auc_by_day(home)
+        results = []
+        from dagster._core.utils import make_new_run_id
+
+        for i, day in enumerate(days, 1):
+            run_id = make_new_run_id()
+            with console.progress(f"day {i}/{len(days)} {day}", _current_step_reader(run_id)):
+                result = daily.execute_in_process(
+                    partition_key=day, instance=instance, raise_on_error=False, run_config=run_config, run_id=run_id,
+                    # the command reports a failed day itself: no daemon retries it later
+                    tags={"genrank/launched_by": "cli", "dagster/max_retries": "0"})
+            teacher = _materialization_metadata(result, "teacher_model")
+            if "window" in teacher:
+                console.print(f"{day}  teacher {'retrained' if teacher.get('retrained') else 'reused'} before the day: "
+                              f"version {teacher.get('version')}, trained on {teacher.get('window')}"
+                              + (f" ({teacher['steps']} steps)" if "steps" in teacher else ""))
+            results.append(_summarise(day, result))
+            if day in oracle:
+                results[-1].figures["oracle_auc"] = oracle[day]
+            console.print(_format_day(results[-1]))
+        summary = RunSummary(results)
+        refused = sum(_only_gates_failed(r) for r in results)
+        console.print(f"\n{sum(r.success for r in results) + refused}/{len(results)} days ran"
+                      + (f" ({refused} challenger(s) refused by the gates: a decision, not a failure)." if refused else "."))
+        champion = _champion_line(home)
+        console.print(champion)
+        try:
+            stamp = console.log_path.stem.removeprefix("run-")
+            console.print(f"Report: {write_run_report(home / 'reports', stamp, results, champion, settings.tracking_uri(home))}")
+        except Exception as exc:  # an unwritable folder, an unreachable tracking server: the run itself is done
+            console.print(f"warning: no run report ({type(exc).__name__}: {exc})")
+        console.print(f"Dagster: DAGSTER_HOME={os.environ['DAGSTER_HOME']} .venv/bin/genrank ui  (http://localhost:3000)")
+        console.print(f"MLflow:  mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}  (http://localhost:5000)")
     return summary
+
+
+def _current_step_reader(run_id: str):
+    """A function giving the step the run is executing (its newest STEP_START), for the progress line.
+    It reads through an instance of its own: the progress thread must not share the run's connections."""
+    import dagster as dg
+
+    reader = {}
+
+    def current() -> str | None:
+        if "instance" not in reader:
+            reader["instance"] = dg.DagsterInstance.from_config(os.environ["DAGSTER_HOME"])
+        records = reader["instance"].get_records_for_run(
+            run_id, of_type=dg.DagsterEventType.STEP_START, ascending=False, limit=1).records
+        return records[0].event_log_entry.step_key if records else None
+
+    return current
 
 
 def _champion_line(home: Path) -> str:
@@ -161,21 +195,6 @@ def _champion_line(home: Path) -> str:
     return (f"Champion: {registry.CTR} v{champion.version} (trained on {champion.tags.get('partition')}, "
             f"teacher v{champion.tags.get('teacher_version')}, out-of-time AUC {champion.tags.get('oot_auc', '?')}); "
             f"models:/{registry.CTR}@champion")
-
-
-def _bucket_table(home: Path, day: str) -> str:
-    from transforms.sequences import position_bucket_table
-
-    try:
-        rows = position_bucket_table(home, day)
-    except Exception as exc:  # the warehouse may not exist if every day failed early
-        return f"(no position buckets for {day}: {exc})"
-    lines = [f"Position buckets as of {day} (historical CTR per surface x position):"]
-    for r in rows:
-        ctr = r["historical_ctr"]
-        lines.append(f"  {r['surface']:7s} pos {r['position']:2d}  ctr {'-' if ctr != ctr or ctr is None else f'{ctr:.4f}'}"
-                     f"  bucket {r['position_bucket']}")
-    return "\n".join(lines)
 
 
 def _oracle_auc_by_day(home: Path) -> dict[str, float]:
@@ -229,8 +248,7 @@ def _summarise(day: str, result) -> DayResult:
 
 
 def _format_day(r: DayResult) -> str:
-    status = "ok" if r.success and not r.failed_checks else "refused" if _only_gates_failed(r) else "FAILED"
-    parts = [f"{r.day}  {status:6s}"]
+    parts = [f"{r.day}  {r.status:6s}"]
     parts += [f"{k}={_fmt(v)}" for k, v in r.figures.items()]
     if r.failed_checks:
         parts.append("failed checks: " + ", ".join(r.failed_checks))

@@ -87,7 +87,7 @@ def _assert_same_results(home: Path, reference_home: Path, reference_stdout: str
         np.testing.assert_allclose(ours["p"], theirs["p"], atol=1e-6)
     champion = reg.default_registry(home).by_alias(reg.CTR, "champion")
     assert champion is not None
-    assert (champion.version, champion.tags["oot_auc"]) == _champion_line(reference_stdout)
+    assert (str(champion.version), champion.tags["oot_auc"]) == _champion_line(reference_stdout)
 
 
 def test_the_landing_sensor_runs_new_days_in_order_under_the_daemon(tiny_pipeline, tmp_path):
@@ -154,7 +154,8 @@ query($selector: SensorSelector!) { sensorOrError(sensorSelector: $selector) {
 def test_a_ui_range_backfill_runs_the_days_in_order_and_the_ui_shows_it(tiny_pipeline, tmp_path):
     """A daily_job backfill of every tiny day launched through the webserver's GraphQL API (what the
     UI's "Launch backfill" sends): one queued run per day, run in date order, with `genrank run`'s
-    results; then headless Chromium renders the asset graph and the backfill page."""
+    results; then headless Chromium renders the asset graph, the backfill page and the gate checks of
+    challenger_evaluation."""
     reference_home, report, reference_stdout = tiny_pipeline
     home = tmp_path / "home"
     home.mkdir()
@@ -191,6 +192,11 @@ def test_a_ui_range_backfill_runs_the_days_in_order_and_the_ui_shows_it(tiny_pip
         page = browse(f"{stack.url}/runs/b/{backfill_id}", tmp_path / "backfill.png")
         assert backfill_id in page and "tiny world, every day" in page
         assert "Completed" in page or "Success" in page
-        print(f"screenshots: {tmp_path / 'asset-graph.png'} {tmp_path / 'backfill.png'}")
+        # the reviewer's view of the gates: the asset page of challenger_evaluation lists its checks and results
+        checks = browse(f"{stack.url}/assets/challenger_evaluation?view=checks", tmp_path / "gates.png")
+        for gate in ("gate_auc", "gate_logloss", "gate_calibration", "gate_onnx_parity", "gate_latency"):
+            assert gate in checks, gate
+        assert "Passed" in checks or "Succeeded" in checks
+        print(f"screenshots: {tmp_path / 'asset-graph.png'} {tmp_path / 'backfill.png'} {tmp_path / 'gates.png'}")
     finally:
         stack.stop()

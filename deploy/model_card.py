@@ -1,0 +1,70 @@
+"""Model cards: the Markdown description of a registry version, written when what a reviewer needs is
+known (MLflow renders a version's description as Markdown on its page).
+
+A ``genrank-ctr`` card is rewritten once the version's gate decision is known: data window, teacher,
+code version, the out-of-time metrics against the reference it was compared with, every gate's value,
+threshold and verdict, the decision and who or what forced it, and the evaluation run with its plots.
+A ``genrank-teacher`` card lists the out-of-time AUC of its cached logits per day as they are made.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from deploy.gates import GateResult
+
+
+def _num(value) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def ctr_card(version: str, tags: Mapping[str, str], day: str, reference_name: str, challenger: Mapping[str, float],
+             reference: Mapping[str, float], gates: list[GateResult], decision: str, forced_by: str | None,
+             evaluation_run: str, evaluation_link: str) -> str:
+    """The card of a genrank-ctr version judged on ``day`` (the day after the one it was trained on)."""
+    buckets = sorted({k.split("_")[0] for k in challenger if k.startswith("bucket") and k.endswith("_calibration")})
+    rows = [("AUC", "auc"), ("GAUC (per user)", "gauc"), ("log-loss", "logloss")]
+    rows += [(f"{b} predicted/observed CTR", f"{b}_calibration") for b in buckets]
+    lines = [
+        f"### genrank-ctr v{version}: {decision} on {day}",
+        "",
+        f"- **Trained on** training_samples {tags.get('partition', '?')} (data window {tags.get('data_window', '?')})",
+        f"- **Teacher** genrank-teacher v{tags.get('teacher_version', '?')}; **code version** {tags.get('code_version', '?')}",
+        f"- **Judged** out of time on {day} (serving conditions) against **{reference_name}**",
+        "",
+        "| metric | this version | reference |",
+        "|---|---|---|",
+        *[f"| {label} | {_num(challenger.get(key))} | {_num(reference.get(key))} |" for label, key in rows],
+        "",
+        "| gate | value | threshold | verdict |",
+        "|---|---|---|---|",
+        *[f"| {g.name} | {_num(float(g.observed))} | {_num(float(g.threshold))} | {'pass' if g.passed else 'FAIL'}: "
+          f"{g.reason.replace('|', '/')} |" for g in gates],
+        "",
+        f"**Decision: {decision}**" + (f", forced by {forced_by}" if forced_by else
+                                        ", by the gates" if decision == "refused" else ", every gate passed"),
+        "",
+        f"Evaluation run [{evaluation_run}]({evaluation_link}): calibration_by_bucket.png, "
+        "metrics_by_bucket.json, gates.txt.",
+    ]
+    return "\n".join(lines)
+
+
+def teacher_card(version: str, window: str, code_version: str, auc_by_day: Mapping[str, float], run_link: str) -> str:
+    """The card of a genrank-teacher version: its window and the AUC of its cached logits, per day."""
+    lines = [
+        f"### genrank-teacher v{version}",
+        "",
+        f"Full-token CADET-style teacher trained on training_samples {window}; code version {code_version}. "
+        "Its cached probabilities distil the student.",
+        "",
+        "| day | out-of-time AUC of its cached logits |",
+        "|---|---|",
+        *[f"| {day} | {_num(a)} |" for day, a in sorted(auc_by_day.items())],
+        "",
+        f"Training run: [{run_link.rsplit('/', 1)[-1]}]({run_link})",
+    ]
+    return "\n".join(lines)

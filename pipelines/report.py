@@ -1,0 +1,92 @@
+"""The end-of-run report of `genrank run`: a Markdown table per day and the champion in
+``$GENRANK_HOME/reports/run-<timestamp>.md``, beside a PNG of the AUC per day against the oracle; both
+logged to MLflow (experiment ``genrank-runs``) and linked from the report. A report that cannot be
+written is a warning, never a failed run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+# (figure key in DayResult.figures, column title)
+COLUMNS = (
+    ("impressions", "impressions"), ("quarantined", "quarantined"), ("duplicates", "duplicates"),
+    ("hist_mean", "history mean"), ("hist_p90", "history p90"), ("teacher_auc", "teacher AUC"),
+    ("student_auc", "challenger AUC"), ("reference_auc", "reference AUC"), ("vs", "reference"),
+    ("oracle_auc", "oracle AUC"), ("decision", "decision"), ("why", "why"),
+)
+CURVES = (("oracle_auc", "oracle (serving visibility)"), ("teacher_auc", "teacher"),
+          ("student_auc", "challenger"), ("reference_auc", "reference"))
+
+
+def write_run_report(folder: Path, stamp: str, days: list, champion: str, tracking_uri: str) -> Path:
+    """The report's path; raises OSError when the folder cannot be written (the caller warns)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    plot = folder / f"run-{stamp}-auc.png"
+    _auc_plot(days, plot)
+    run_id = _log_to_mlflow(tracking_uri, stamp, plot)
+    lines = [f"# genrank run {stamp}", "", f"**{champion}**", "",
+             "| day | status | " + " | ".join(title for _, title in COLUMNS) + " |",
+             "|---|---|" + "---|" * len(COLUMNS)]
+    for d in days:
+        cells = [_cell(d.figures.get(key)) for key, _ in COLUMNS]
+        lines.append(f"| {d.day} | {d.status} | " + " | ".join(cells) + " |")
+        if d.error and d.status == "FAILED":
+            lines.append(f"| | error | {d.error.replace('|', '/')[:300]} |" + " |" * (len(COLUMNS) - 1))
+    lines += ["", f"![AUC per day against the oracle]({plot.name})", "",
+              f"MLflow: experiment `genrank-runs`, run `{run_id}` ({tracking_uri})" if run_id else ""]
+    report = folder / f"run-{stamp}.md"
+    report.write_text("\n".join(lines) + "\n")
+    if run_id:
+        _log_artifact(tracking_uri, run_id, report)
+    return report
+
+
+def _cell(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 1 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value).replace("|", "/")
+
+
+def _auc_plot(days: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    x = [d.day for d in days]
+    for key, label in CURVES:
+        y = [d.figures.get(key) if isinstance(d.figures.get(key), float) else float("nan") for d in days]
+        if any(not math.isnan(v) for v in y):
+            ax.plot(x, y, marker="o", label=label)
+    ax.set_ylabel("AUC (out of time)")
+    ax.set_title("AUC per day")
+    ax.tick_params(axis="x", rotation=45)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _log_to_mlflow(tracking_uri: str, stamp: str, plot: Path) -> str | None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("genrank-runs")
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment("genrank-runs")
+    run = client.create_run(experiment_id, run_name=f"run-{stamp}")
+    client.log_artifact(run.info.run_id, str(plot))
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def _log_artifact(tracking_uri: str, run_id: str, path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri).log_artifact(run_id, str(path))

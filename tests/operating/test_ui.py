@@ -1,0 +1,56 @@
+"""The MLflow UI as a reviewer opens it: a real `mlflow server` on the tiny run's registry, the champion's
+version page rendered by headless Chromium, showing its model card and its alias."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import urllib.request
+
+import pytest
+
+from deploy import registry as reg
+from tests.operating.services import BIN, Service, browse, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_champions_registry_page_shows_its_card_and_aliases(tiny_pipeline, tmp_path):
+    source, _, _ = tiny_pipeline
+    home = tmp_path / "home"
+    shutil.copytree(source, home)      # other tests change the registry; the reviewer's view is of this copy
+    champion = reg.default_registry(home).by_alias(reg.CTR, "champion")
+    assert champion is not None and champion.description.startswith(f"### genrank-ctr v{champion.version}: approved")
+    port = free_port()
+    server = Service("mlflow-server", [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+                                       "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                     {"MLFLOW_ENABLE_TELEMETRY": "false", **_env()}, tmp_path)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", server)
+        shot = tmp_path / "champion-version.png"
+        page = browse(f"http://127.0.0.1:{port}/#/models/{reg.CTR}/versions/{champion.version}", shot, budget_ms=25000)
+        text = " ".join(page.replace("<", " <").split())
+        assert f"genrank-ctr v{champion.version}: approved" in text
+        assert "every gate passed" in text and "against" in text and "calibration_by_bucket.png" in text
+        assert "champion" in text
+        print(f"screenshot: {shot}")
+    finally:
+        server.stop()
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+
+
+def _wait_healthy(url: str, server: Service, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(2)
+    raise TimeoutError(f"mlflow server did not answer {url}: {server.tail()}")
