@@ -18,7 +18,9 @@ from deploy.gates import GateResult
 def _num(value) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e6 else f"{value:.2e}"
+    return str(value)
 
 
 def ctr_card(version: str, tags: Mapping[str, str], day: str, reference_name: str, challenger: Mapping[str, float],
@@ -42,7 +44,7 @@ def ctr_card(version: str, tags: Mapping[str, str], day: str, reference_name: st
         "| gate | value | threshold | verdict |",
         "|---|---|---|---|",
         *[f"| {g.name} | {_num(float(g.observed))} | {_num(float(g.threshold))} | {'pass' if g.passed else 'FAIL'}: "
-          f"{g.reason.replace('|', '/')} |" for g in gates],
+          f"{g.reason.replace('|', chr(92) + '|')} |" for g in gates],
         "",
         f"**Decision: {decision}**" + (f", forced by {forced_by}" if forced_by else
                                         ", by the gates" if decision == "refused" else ", every gate passed"),

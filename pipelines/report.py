@@ -68,7 +68,7 @@ def _auc_plot(days: list, path: Path) -> None:
     ax.set_title("AUC per day")
     ax.tick_params(axis="x", rotation=45)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

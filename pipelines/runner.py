@@ -19,6 +19,7 @@ from transforms import landing
 
 # Written by genrank: this line marks a file the project may update (delete the line to keep edits).
 INSTANCE_MARKER = "# genrank local instance (pipelines/runner.py INSTANCE_YAML)"
+# - nux: no "join the community" modal over the UI's pages.
 # - concurrency.runs (the run queue): one run at a time (2 cores; the daily state of D depends on D-1), dequeued in creation
 #   order, so a daily_job backfill from the UI runs its days in date order; the lane limit is the rule
 #   deploy/dagster.yaml keeps with more concurrent runs.
@@ -28,6 +29,8 @@ INSTANCE_MARKER = "# genrank local instance (pipelines/runner.py INSTANCE_YAML)"
 INSTANCE_YAML = f"""\
 {INSTANCE_MARKER}
 telemetry:
+  enabled: false
+nux:
   enabled: false
 concurrency:
   runs:

@@ -23,7 +23,7 @@ OWN_LINES = [re.compile(p) for p in (
     r"^Report: \S+/reports/run-\d{8}T\d{6}Z\.md$",
     r"^Dagster: DAGSTER_HOME=",
     r"^MLflow:  mlflow ui ",
-)}
+)]
 LIBRARY_MARKERS = ("Running with dbt", "dagster - ", "WARN ", "mlflow", "Downloading artifacts")
 
 
