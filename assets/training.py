@@ -489,17 +489,22 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
         challenger_pred = predict(model, str(samples), with_labels=True)
         challenger_metrics = _metrics(challenger_pred)
         onnx_diff, latency = _onnx_checks(model, Path(tmp) / "c", samples, config.latency_requests)
+        # What the challenger is compared with is the registry's answer, never a display string.
         if champion is not None and champion.version != challenger.version:
             champ_model = load_model(str(r.checkpoint(reg.CTR, champion.version, Path(tmp) / "p")))
             reference, reference_name = _metrics(predict(champ_model, str(samples), with_labels=True)), f"champion v{champion.version}"
+            reference_kind = "champion"
         elif champion is not None:
-            reference, reference_name = challenger_metrics, f"champion v{champion.version} (itself)"
+            reference, reference_name, reference_kind = challenger_metrics, f"champion v{champion.version}", "itself"
+            context.log.warning(f"genrank-ctr v{challenger.version} is already the champion (a rerun after its promotion): "
+                                "the AUC and log-loss gates have nothing to compare")
         else:
             reference, reference_name = _metrics(sequences.bucket_ctr_baseline(paths.root, day)), "baseline"
+            reference_kind = "baseline"
     gate_cfg = GateConfig(config.auc_tolerance, config.logloss_tolerance,
                           (config.calibration_low, config.calibration_high), config.calibration_min_clicks,
                           config.latency_budget_ms, config.parity_tolerance)
-    gates = evaluate_gates(challenger_metrics, reference, reference_name, latency, onnx_diff, gate_cfg)
+    gates = evaluate_gates(challenger_metrics, reference, reference_name, latency, onnx_diff, gate_cfg, reference_kind)
     approved = all(g.passed for g in gates)
     decision = "approved" if approved else ("forced" if config.force else "refused")
     reasons = "; ".join(g.reason for g in gates if not g.passed) or "all gates passed"
@@ -534,7 +539,8 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
                                     "gates": [dataclasses.asdict(g) for g in gates]}, indent=1))
     tmp_path.replace(gates_path)
     yield dg.Output(None, metadata={
-        "challenger_version": challenger.version, "compared_with": reference_name, "decision": decision,
+        "challenger_version": challenger.version, "compared_with": reference_name, "reference_kind": reference_kind,
+        "decision": decision,
         "reasons": reasons, "challenger_auc": challenger_metrics["auc"], "reference_auc": reference["auc"],
         "challenger_gauc": challenger_metrics["gauc"], "challenger_logloss": challenger_metrics["logloss"],
         "reference_logloss": reference["logloss"], "latency_p99_ms": latency, "onnx_max_abs_diff": onnx_diff,

@@ -37,12 +37,8 @@ def _fmt(x: float) -> str:
     return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
 
 
-def evaluate_gates(challenger: dict, reference: dict, reference_name: str, latency_p99_ms: float,
-                   onnx_max_abs_diff: float, cfg: GateConfig = GateConfig()) -> list[GateResult]:
-    """``reference`` is the champion's metrics, or the baseline's when there is no champion.
-    ``latency_p99_ms`` and ``onnx_max_abs_diff`` are measured on the challenger's ONNX graph (nan when it
-    has none, which fails both gates)."""
-    first_model = reference_name == "baseline"
+def _quality_gates(challenger: dict, reference: dict, reference_name: str, first_model: bool,
+                   cfg: GateConfig) -> list[GateResult]:
     results = []
     auc_floor = reference["auc"] if first_model else reference["auc"] - cfg.auc_tolerance
     ok = challenger["auc"] > auc_floor if first_model else challenger["auc"] >= auc_floor
@@ -58,6 +54,30 @@ def evaluate_gates(challenger: dict, reference: dict, reference_name: str, laten
         "logloss", bool(ok), challenger["logloss"], ll_ceiling,
         f"challenger log-loss {_fmt(challenger['logloss'])} <= {reference_name} {_fmt(reference['logloss'])}"
         f" + {cfg.logloss_tolerance}: {'yes' if ok else 'no'}"))
+    return results
+
+
+REFERENCE_KINDS = ("champion", "baseline", "itself")
+
+
+def evaluate_gates(challenger: dict, reference: dict, reference_name: str, latency_p99_ms: float,
+                   onnx_max_abs_diff: float, cfg: GateConfig = GateConfig(),
+                   reference_kind: str = "champion") -> list[GateResult]:
+    """``reference`` holds the metrics the challenger is compared with; ``reference_kind`` says what it is,
+    as the registry decides it: the current ``champion``, the per-bucket CTR ``baseline`` (no champion yet:
+    the first model must beat it outright), or ``itself`` (the challenger is already the champion: a rerun
+    after its promotion, so AUC and log-loss compare nothing and say so). ``latency_p99_ms`` and
+    ``onnx_max_abs_diff`` are measured on the challenger's ONNX graph: nan when nothing was measured (no
+    graph, or no request with candidates), which fails both gates with that reason."""
+    if reference_kind not in REFERENCE_KINDS:
+        raise ValueError(f"reference_kind {reference_kind!r}: one of {', '.join(REFERENCE_KINDS)}")
+    if reference_kind == "itself":
+        note = (f"the challenger is {reference_name}: a rerun after its promotion compares the model with itself, "
+                "nothing to judge (its decision stands)")
+        results = [GateResult("auc", True, challenger["auc"], reference["auc"], note),
+                   GateResult("logloss", True, challenger["logloss"], reference["logloss"], note)]
+    else:
+        results = _quality_gates(challenger, reference, reference_name, reference_kind == "baseline", cfg)
     lo, hi = cfg.calibration_band
     bad = []
     judged = 0
@@ -70,17 +90,24 @@ def evaluate_gates(challenger: dict, reference: dict, reference_name: str, laten
             if not (lo <= ratio <= hi):
                 bad.append(f"bucket {k}: {_fmt(ratio)}")
         k += 1
-    results.append(GateResult(
-        "calibration", not bad, float(len(bad)), 0.0,
-        (f"predicted/observed CTR outside [{lo}, {hi}] in " + ", ".join(bad)) if bad
-        else f"{judged} bucket(s) with >= {cfg.calibration_min_clicks} clicks inside [{lo}, {hi}]"))
+    if bad:
+        reason = f"predicted/observed CTR outside [{lo}, {hi}] in " + ", ".join(bad)
+    elif judged:
+        reason = f"{judged} bucket(s) with >= {cfg.calibration_min_clicks} clicks inside [{lo}, {hi}]"
+    else:
+        # Deferred, not failed: on a small or low-CTR day no bucket has the clicks to judge, and refusing
+        # every challenger there would freeze the champion. The card and the gate's metadata say so.
+        reason = (f"NOT JUDGED: no position bucket reached {cfg.calibration_min_clicks} clicks; calibration is "
+                  "deferred to a day that has them")
+    results.append(GateResult("calibration", not bad, float(len(bad)), 0.0, reason))
+    unmeasured = "nothing measured (no ONNX graph, or no request with candidates on the day)"
     ok = onnx_max_abs_diff <= cfg.parity_tolerance
     results.append(GateResult(
-        "onnx_parity", bool(ok), onnx_max_abs_diff, cfg.parity_tolerance,
+        "onnx_parity", bool(ok), onnx_max_abs_diff, cfg.parity_tolerance, unmeasured if math.isnan(onnx_max_abs_diff) else
         f"max |p_onnx - p_torch| {onnx_max_abs_diff:.2e} {'<=' if ok else 'not <='} {cfg.parity_tolerance:.0e}"))
     ok = latency_p99_ms <= cfg.latency_budget_ms
     results.append(GateResult(
-        "latency", bool(ok), latency_p99_ms, cfg.latency_budget_ms,
+        "latency", bool(ok), latency_p99_ms, cfg.latency_budget_ms, unmeasured if math.isnan(latency_p99_ms) else
         f"p99 request scoring (onnxruntime) {latency_p99_ms:.1f} ms {'<=' if ok else 'not <='} budget "
         f"{cfg.latency_budget_ms} ms"))
     return results

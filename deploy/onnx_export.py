@@ -220,7 +220,7 @@ def parity(student: Student, scorer: OnnxScorer, requests: list[StudentTokens]) 
             continue
         diff = np.abs(scorer.score_tokens(tokens) - torch_probs(student, tokens))
         worst, n = max(worst, float(diff.max())), n + len(tokens.cand_ts)
-    return ParityReport(len(requests), n, worst)
+    return ParityReport(len(requests), n, worst if n else float("nan"))   # nothing compared is not parity
 
 
 def latency_p99_ms(scorer: OnnxScorer, requests: list[StudentTokens], repeats: int = 3) -> float:
@@ -235,7 +235,7 @@ def latency_p99_ms(scorer: OnnxScorer, requests: list[StudentTokens], repeats: i
             scorer.score(arrays)
             best = min(best, time.perf_counter() - t)
         times.append(best * 1000)
-    return float(np.percentile(times, 99)) if times else 0.0
+    return float(np.percentile(times, 99)) if times else float("nan")   # nothing timed is not within budget
 
 
 @dataclass

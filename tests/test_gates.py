@@ -6,8 +6,9 @@ CHAMPION = {"auc": 0.70, "logloss": 0.20, "ctr": 0.05, "bucket0_calibration": 1.
             "bucket0_clicks": 100, "bucket1_calibration": 1.1, "bucket1_n": 1000, "bucket1_clicks": 30}
 
 
-def _gates(challenger, reference=CHAMPION, name="champion v1", latency=5.0, cfg=GateConfig(), parity=1e-6):
-    return {g.name: g for g in evaluate_gates(challenger, reference, name, latency, parity, cfg)}
+def _gates(challenger, reference=CHAMPION, name="champion v1", latency=5.0, cfg=GateConfig(), parity=1e-6,
+           kind="champion"):
+    return {g.name: g for g in evaluate_gates(challenger, reference, name, latency, parity, cfg, kind)}
 
 
 def test_an_equal_challenger_passes_within_tolerances():
@@ -23,9 +24,11 @@ def test_worse_auc_and_logloss_are_refused_with_reasons():
 
 def test_first_model_must_beat_the_baseline_auc_outright():
     baseline = {"auc": 0.60, "logloss": 0.20}
-    assert not _gates({**CHAMPION, "auc": 0.60}, baseline, "baseline")["auc"].passed
-    assert not _gates({**CHAMPION, "auc": 0.599}, baseline, "baseline")["auc"].passed
-    assert _gates({**CHAMPION, "auc": 0.601, "logloss": 0.2049}, baseline, "baseline")["logloss"].passed
+    assert not _gates({**CHAMPION, "auc": 0.60}, baseline, "baseline", kind="baseline")["auc"].passed
+    assert not _gates({**CHAMPION, "auc": 0.599}, baseline, "baseline", kind="baseline")["auc"].passed
+    assert _gates({**CHAMPION, "auc": 0.601, "logloss": 0.2049}, baseline, "baseline", kind="baseline")["logloss"].passed
+    # what decides "first model" is the registry's answer, not the reference's display name
+    assert _gates({**CHAMPION, "auc": 0.599}, baseline, "baseline", kind="champion")["auc"].passed
 
 
 def test_calibration_judges_only_buckets_with_enough_clicks():
@@ -45,3 +48,31 @@ def test_onnx_parity_gate():
     refused = _gates(CHAMPION, parity=3e-3)["onnx_parity"]
     assert not refused.passed and "3.00e-03" in refused.reason
     assert not _gates(CHAMPION, parity=float("nan"))["onnx_parity"].passed  # a version without a graph
+
+
+def test_nothing_measured_fails_the_onnx_gates_with_that_reason():
+    gates = _gates(CHAMPION, latency=float("nan"), parity=float("nan"))
+    for name in ("onnx_parity", "latency"):
+        assert not gates[name].passed and gates[name].reason.startswith("nothing measured"), gates[name].reason
+
+
+def test_calibration_with_no_bucket_to_judge_says_so():
+    few = {**CHAMPION, "bucket0_clicks": 3, "bucket1_clicks": 2, "bucket1_calibration": 5.0}
+    gate = _gates(few)["calibration"]
+    assert gate.passed and gate.reason.startswith("NOT JUDGED: no position bucket reached 20 clicks")
+
+
+def test_a_rerun_after_promotion_is_reported_as_a_comparison_with_itself():
+    gates = _gates(CHAMPION, CHAMPION, "champion v3", kind="itself")
+    for name in ("auc", "logloss"):
+        assert gates[name].passed and "compares the model with itself" in gates[name].reason
+
+
+def test_zero_requests_measure_nothing_instead_of_zero():
+    import math
+
+    from deploy.onnx_export import latency_p99_ms, parity
+
+    assert math.isnan(latency_p99_ms(None, []))
+    report = parity(None, None, [])
+    assert report.candidates == 0 and math.isnan(report.max_abs_diff) and not report.passed
