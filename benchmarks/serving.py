@@ -5,9 +5,11 @@
    ids, LITM, PATM: what the service does before the graph) and torch eager (Student.forward) on the
    same request as the baseline ratio.
 2. One pass vs one pass per candidate (history recomputed for each), as a ratio, same session.
-3. Load test: `genrank serve`'s app under uvicorn on loopback, a model registered in a scratch MLflow
-   registry and a sequence store of synthetic users; C concurrent clients for a bounded number of
-   requests; requests/s, end-to-end p50/p99 and the error count.
+3. Load test: `genrank serve --workers W` on loopback (W processes, one onnxruntime thread each), a
+   model registered in a scratch MLflow registry and an online store (LMDB) of synthetic users; C
+   concurrent clients, each sending its next request when the last is answered, a new connection per
+   request (so any idle worker takes it, as behind a load balancer); requests/s, end-to-end p50/p99
+   and the error count; first with one client (the single-stream figure), then with C.
 
 The model is the demo student's shape (d_model 64, 4 layers, 4 heads: models.preset("demo")) with
 max_len raised to the longest history measured, so every history event is inside the window; its
@@ -21,12 +23,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import http.client
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,7 +40,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from deploy.event_codec import encode, from_bytes, to_bytes, to_sample  # noqa: E402
 from deploy.onnx_export import OnnxScorer, request_arrays, torch_probs, write_bundle  # noqa: E402
+from deploy.service import Candidate, candidate_events  # noqa: E402
 from models import preset  # noqa: E402
 from models.data import request_tokens, sample_from_frame  # noqa: E402
 from models.student import Student  # noqa: E402
@@ -91,10 +96,19 @@ def latency_grid(model: Student, scorer: OnnxScorer, hist_lens, cand_counts, rep
         for N in cand_counts:
             cand_df = candidate_frame(candidates(rng, N))
 
-            def prepare():  # what the service does before the graph: hash ids, LITM, PATM
+            blob = to_bytes(encode({c: hist_df[c].to_numpy(object) for c in hist_df.columns}, fc.hash_key))
+            cand_models = [Candidate(**c) for c in cand_df.rename(columns={"item_id": "ad_id"}).drop(
+                columns=["ts_ms", "event_kind"]).to_dict("records")]
+
+            def prepare():  # what the service does before the graph: decode the stored user, hash, LITM, PATM
+                return request_tokens(to_sample(from_bytes(blob), fc),
+                                      to_sample(candidate_events(cand_models, NOW, fc.hash_key), fc), model.cfg)
+
+            def prepare_pandas():  # the service before issue 17: DataFrames through Arrow
                 return request_tokens(sample_from_frame(hist_df, fc), sample_from_frame(cand_df, fc), model.cfg)
 
             prep_ms = timed(prepare, max(3, repeats // 5))
+            pandas_ms = timed(prepare_pandas, max(3, repeats // 5))
             tokens = prepare()
             arrays = request_arrays(tokens)
             onnx_ms = timed(lambda: scorer.score(arrays), repeats)
@@ -103,6 +117,7 @@ def latency_grid(model: Student, scorer: OnnxScorer, hist_lens, cand_counts, rep
                          "onnx_p50_ms": float(np.percentile(onnx_ms, 50)), "onnx_p99_ms": float(np.percentile(onnx_ms, 99)),
                          "req_per_s_1_stream": float(1000 / onnx_ms.mean()),
                          "prepare_p50_ms": float(np.percentile(prep_ms, 50)),
+                         "prepare_pandas_p50_ms": float(np.percentile(pandas_ms, 50)),
                          "torch_p50_ms": float(np.percentile(torch_ms, 50)),
                          "torch_over_onnx": float(np.percentile(torch_ms, 50) / np.percentile(onnx_ms, 50))})
             print(json.dumps(rows[-1]), flush=True)
@@ -126,8 +141,12 @@ def one_pass_vs_per_candidate(model: Student, scorer: OnnxScorer, H: int, N: int
 
 def _register(home: Path, bundle_dir: Path) -> str:
     """The exported bundle as genrank-ctr v1 @champion in a scratch registry (the service's real path)."""
+    import hashlib
+
     import mlflow
     from mlflow import MlflowClient
+
+    from deploy.onnx_export import ONNX_FILE, ONNX_SHA256_TAG
 
     uri = f"sqlite:///{home / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
@@ -136,59 +155,106 @@ def _register(home: Path, bundle_dir: Path) -> str:
     run = client.create_run(exp)
     client.log_artifacts(run.info.run_id, str(bundle_dir), "model")
     client.create_registered_model("genrank-ctr")
-    mv = client.create_model_version("genrank-ctr", f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+    digest = hashlib.sha256((bundle_dir / ONNX_FILE).read_bytes()).hexdigest()
+    mv = client.create_model_version("genrank-ctr", f"{run.info.artifact_uri}/model", run_id=run.info.run_id,
+                                     tags={ONNX_SHA256_TAG: digest})
     client.set_registered_model_alias("genrank-ctr", "champion", mv.version)
     return uri
 
 
-def load_test(model: Student, threads: int, users: int, history: int, n_cands: int, concurrency: int,
-              n_requests: int) -> dict:
-    import httpx
-    import uvicorn
+def _online_store(home: Path, rng, users: int, history: int, hash_key: str) -> None:
+    """The synthetic users' histories in the embedded online store, as online_sequences writes it."""
+    from deploy.event_codec import encode
+    from deploy.sequence_store import LmdbStore
 
-    from deploy.service import ServiceConfig, create_app
+    store = LmdbStore(home / "online_store", readonly=False)
+    frames = (history_frame(rng, f"user{u}", history) for u in range(users))
+    store.publish("2026-01-01", ((str(f["user_id"].iat[0]), encode({c: f[c].to_numpy(object) for c in f.columns}, hash_key))
+                                 for f in frames), rebuild=True, max_events=history, hash_key=hash_key)
+    store.close()
+
+
+def _serve(home: Path, uri: str, workers: int, threads: int) -> tuple[subprocess.Popen, int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "GENRANK_HOME": str(home), "MLFLOW_TRACKING_URI": uri, "GENRANK_SERVE_POLL_S": "0",
+           "GENRANK_SERVE_THREADS": str(threads)}
+    env.pop("GENRANK_ONLINE_STORE", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--home", str(home), "--port", str(port),
+                             "--workers", str(workers)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=Path(__file__).resolve().parents[1])
+    deadline = time.time() + 180
+    while True:
+        try:
+            status, _ = _post(port, "GET", "/healthz", None)
+            if status == 200:
+                return proc, port
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError("genrank serve did not start")
+        time.sleep(0.2)
+
+
+def _post(port: int, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers={"content-type": "application/json", "connection": "close"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def _fire(port: int, bodies: list[bytes], concurrency: int) -> dict:
+    lat, errors = [], []
+
+    def one(body):
+        t0 = time.perf_counter()
+        try:
+            status, text = _post(port, "POST", "/v1/score", body)
+            if status != 200:
+                errors.append(f"{status}: {text[:200]!r}")
+        except OSError as exc:
+            errors.append(repr(exc))
+        lat.append((time.perf_counter() - t0) * 1000)
+
+    for body in bodies[:2 * concurrency]:  # warm-up: every worker's session has run once
+        one(body)
+    lat.clear()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, bodies))
+    wall = time.perf_counter() - started
+    return {"requests": len(bodies), "concurrency": concurrency, "req_per_s": len(bodies) / wall,
+            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "errors": len(errors), "first_error": errors[0] if errors else None}
+
+
+def load_test(model: Student, workers: int, threads: int, users: int, history: int, n_cands: int, concurrency: int,
+              n_requests: int) -> list[dict]:
+    import orjson
 
     rng = np.random.default_rng(2)
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        part = home / "lake" / "user_sequences" / "date=2026-01-01"
-        part.mkdir(parents=True)
-        pd.concat([history_frame(rng, f"user{u}", history) for u in range(users)]).to_parquet(part / "part-0.parquet")
+        _online_store(home, rng, users, history, model.cfg.features.hash_key)
         uri = _register(home, write_bundle(model, home / "bundle").onnx.parent)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cfg = ServiceConfig(home=home, tracking_uri=uri, threads=threads, poll_s=0)
-        server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=port, log_level="warning"))
-        t = threading.Thread(target=server.run, daemon=True)
-        t.start()
-        while not server.started:
-            time.sleep(0.05)
-        bodies = [{"user_id": f"user{rng.integers(users)}", "candidates": candidates(rng, n_cands), "request_ts_ms": NOW}
-                  for _ in range(n_requests)]
-        lat, errors = [], []
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            client.post("/v1/score", json=bodies[0])  # warm-up
-
-            def one(body):
-                t0 = time.perf_counter()
-                try:
-                    r = client.post("/v1/score", json=body)
-                    if r.status_code != 200:
-                        errors.append(f"{r.status_code}: {r.text[:200]}")
-                except httpx.HTTPError as exc:
-                    errors.append(repr(exc))
-                lat.append((time.perf_counter() - t0) * 1000)
-
-            started = time.perf_counter()
-            with ThreadPoolExecutor(concurrency) as pool:
-                list(pool.map(one, bodies))
-            wall = time.perf_counter() - started
-        server.should_exit = True
-        t.join(10)
-    return {"requests": n_requests, "concurrency": concurrency, "history": history, "candidates": n_cands,
-            "req_per_s": n_requests / wall, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-            "errors": len(errors), "first_error": errors[0] if errors else None}
+        bodies = [orjson.dumps({"user_id": f"user{rng.integers(users)}", "candidates": candidates(rng, n_cands),
+                                "request_ts_ms": NOW}) for _ in range(n_requests)]
+        proc, port = _serve(home, uri, workers, threads)
+        try:
+            out = []
+            for c in (1, concurrency):
+                out.append({"workers": workers, "ort_threads": threads, "history": history, "candidates": n_cands,
+                            **_fire(port, bodies, c)})
+                print(json.dumps(out[-1]), flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return out
 
 
 def main() -> None:
@@ -200,7 +266,8 @@ def main() -> None:
     ap.add_argument("--load-requests", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--load-threads", type=int, default=1,
-                    help="onnxruntime threads per request in the load test (concurrent requests already fill the cores)")
+                    help="onnxruntime threads per worker in the load test (the workers already fill the cores)")
+    ap.add_argument("--workers", type=int, default=2, help="server processes in the load test (one per core)")
     ap.add_argument("--quick", action="store_true", help="history 256,1024 x candidates 50,200; short load test")
     a = ap.parse_args()
     if a.quick:
@@ -222,21 +289,23 @@ def main() -> None:
         print("## one pass vs one pass per candidate")
         ratio = one_pass_vs_per_candidate(model, scorer, 1024, 200, a.repeats)
         print(json.dumps(ratio), flush=True)
-    print("## load test (uvicorn on loopback, histories from the sequence store)")
-    load = load_test(model, a.load_threads, users=200, history=1024, n_cands=200, concurrency=a.concurrency,
-                     n_requests=a.load_requests)
-    print(json.dumps(load), flush=True)
-    print("\n| history | candidates | tokens | ONNX p50 ms | ONNX p99 ms | req/s (1 stream) | prepare p50 ms | torch p50 / ONNX p50 |")
+    print("## load test (genrank serve on loopback, histories from the online store)")
+    loads = load_test(model, a.workers, a.load_threads, users=2000, history=1024, n_cands=200,
+                      concurrency=a.concurrency, n_requests=a.load_requests)
+    print("\n| history | candidates | tokens | ONNX p50 ms | ONNX p99 ms | req/s (1 stream) | prepare p50 ms "
+          "(pandas before) | torch p50 / ONNX p50 |")
     print("|---|---|---|---|---|---|---|---|")
     for r in grid:
         print(f"| {r['history']} | {r['candidates']} | {r['tokens']} | {r['onnx_p50_ms']:.2f} | {r['onnx_p99_ms']:.2f} | "
-              f"{r['req_per_s_1_stream']:.0f} | {r['prepare_p50_ms']:.2f} | x{r['torch_over_onnx']:.2f} |")
+              f"{r['req_per_s_1_stream']:.0f} | {r['prepare_p50_ms']:.2f} ({r['prepare_pandas_p50_ms']:.2f}) | "
+              f"x{r['torch_over_onnx']:.2f} |")
     print(f"\none pass vs per candidate (H={ratio['history']}, N={ratio['candidates']}): "
           f"{ratio['one_pass_ms']:.2f} ms vs {ratio['per_candidate_ms']:.1f} ms = x{ratio['speedup']:.1f} "
           f"(same scores: max |diff| {ratio['max_abs_diff']:.1e})")
-    print(f"load test: {load['requests']} requests, {load['concurrency']} clients, {a.load_threads} ORT thread(s) per "
-          f"request: {load['req_per_s']:.1f} req/s, "
-          f"p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms end to end, {load['errors']} errors")
+    for load in loads:
+        print(f"load test: {load['requests']} requests, {load['concurrency']} client(s), {load['workers']} worker(s) x "
+              f"{load['ort_threads']} ORT thread(s): {load['req_per_s']:.1f} req/s, "
+              f"p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms end to end, {load['errors']} errors")
 
 
 if __name__ == "__main__":
