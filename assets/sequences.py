@@ -110,13 +110,21 @@ def _bucket_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run_sequence_config(run_config: Mapping[str, Any] | None) -> SequenceBuildConfig:
+    """The SequenceBuildConfig the run built with (its run config for sequence_models, else the defaults):
+    the checks judge the samples by the settings that made them."""
+    ops = (run_config or {}).get("ops", {})
+    return SequenceBuildConfig(**ops.get("sequence_models", {}).get("config", {}))
+
+
 @dg.multi_asset_check(specs=TRAINING_SAMPLES_CHECKS.specs("training_samples"), can_subset=False)
 def training_samples_checks(context: dg.AssetCheckExecutionContext, paths: GenrankPaths):
     """GX checks on each exported day of the run: labelled targets, bucket range, no future leakage."""
     outcomes: dict[str, list] = {}
     for day in run_partition_days(context.run.tags):
         for name, outcome in validate_training_samples(
-                paths.lake_partition("training_samples", day), day, SequenceBuildConfig().n_position_buckets).items():
+                paths.lake_partition("training_samples", day), day,
+                run_sequence_config(context.run.run_config).n_position_buckets).items():
             outcomes.setdefault(name, []).append((day, outcome))
     for check in TRAINING_SAMPLES_CHECKS.checks:
         per_day = outcomes[check.name]

@@ -228,3 +228,11 @@ def test_a_recorded_empty_day_is_built_empty_and_the_next_day_builds_on_the_day_
     first = appended.groupby("user_id").seq_index.min()
     continued = first[first.index.isin(heads.index)]
     assert len(continued) > 0 and (continued == heads[continued.index] + 1).all()
+
+
+def test_the_samples_checks_use_the_runs_sequence_config():
+    from assets.sequences import SequenceBuildConfig, run_sequence_config
+
+    configured = {"ops": {"sequence_models": {"config": {"n_position_buckets": 3, "max_seq_len": 512}}}}
+    assert run_sequence_config(configured).n_position_buckets == 3
+    assert run_sequence_config({}) == SequenceBuildConfig()

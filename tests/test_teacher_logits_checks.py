@@ -1,0 +1,61 @@
+"""The teacher_logits checks fail on the defects they exist for: a partition from another teacher version,
+and cached probabilities the registered teacher does not reproduce."""
+
+from __future__ import annotations
+
+import shutil
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from assets import training
+from pipelines.resources import GenrankPaths, MlflowResource
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def home_with_logits(tiny_pipeline, tmp_path):
+    source, report, _ = tiny_pipeline
+    home = tmp_path / "home"
+    shutil.copytree(source, home)
+    return home, report.days[2]          # the first day with cached logits
+
+
+def _checks(home, day) -> dict[str, dg.AssetCheckEvaluation]:
+    """The checks alone, in a run of the day's partition, as the daily run executes them after the asset."""
+    job = dg.define_asset_job("teacher_logits_checks", selection=dg.AssetSelection.checks_for_assets(training.teacher_logits))
+    defs = dg.Definitions(assets=[training.teacher_logits], asset_checks=[training.teacher_logits_checks], jobs=[job],
+                          resources={"paths": GenrankPaths(home=str(home)),
+                                     "mlflow": MlflowResource(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")})
+    result = defs.resolve_job_def("teacher_logits_checks").execute_in_process(
+        tags={"dagster/partition": day}, raise_on_error=False)   # the checks read their day from the run's tags
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def _tamper(home, day, change) -> None:
+    path = home / "lake" / "teacher_logits" / f"date={day}" / "part-0.parquet"
+    frame = pd.read_parquet(path)
+    change(frame)
+    frame.to_parquet(path, index=False)
+
+
+def test_the_checks_pass_on_what_the_pipeline_cached(home_with_logits):
+    checks = _checks(*home_with_logits)
+    assert {n: c.passed for n, c in checks.items()} == {
+        "coverage": True, "finite": True, "one_teacher_version": True, "reproduced_by_teacher": True}
+    assert checks["reproduced_by_teacher"].metadata["rescored_targets"].value > 0
+
+
+def test_a_partition_of_another_teacher_version_is_refused(home_with_logits):
+    home, day = home_with_logits
+    _tamper(home, day, lambda f: f.__setitem__("teacher_version", "7"))
+    assert not _checks(home, day)["one_teacher_version"].passed
+
+
+def test_probabilities_the_teacher_does_not_reproduce_are_refused(home_with_logits):
+    home, day = home_with_logits
+    _tamper(home, day, lambda f: f.__setitem__("p", f["p"] * 0.99))
+    checks = _checks(home, day)
+    assert checks["one_teacher_version"].passed and not checks["reproduced_by_teacher"].passed
