@@ -1,12 +1,19 @@
-"""Benchmark of the Spark events job: rows/s, and local[1] vs local[2] measured in the same run.
+"""Benchmark of the Spark events job against the machine's parsing limit, measured in the same run.
 
-    .venv/bin/python benchmarks/spark_aggregation.py --preset large --days 3 --home /tmp/genrank-bench-large
+    .venv/bin/python benchmarks/spark_aggregation.py --preset large --days 9 --home /tmp/genrank-bench-large
 
 Simulates the world into ``--home`` (skipped when a world with the same preset/seed/days is already
-there), then runs the events job for a middle day (so D-1 and D+1 are both read) once as a warm-up
-and ``--repeats`` times on each master, interleaved, and reports the median. ``--days`` shortens the
-preset's day count (the ``large`` preset has 21 days, which takes long to simulate on 2 cores; the
-events job of one day only reads D-1, D and D+1, so three days are enough for a per-day figure).
+there), then, on ``--master`` (default local[2]) with the default driver memory:
+
+1. the whole events job (``run_events_job``: landing checks, read, parse, dedupe, attribution, counts
+   against ``_SUCCESS``, both atomic writes) for a middle day D, once to warm up, then ``--repeats``
+   times: input lines of D per second (median);
+2. (a) the same day through DuckDB's ``read_json`` into the same event table (lenient: malformed lines
+   dropped, no quarantine table), and (b) a one-core ``gzip`` + ``orjson`` parse of D's files, the
+   practical parsing limit; each printed as a ratio to the job;
+3. the job over 1, 3 and 7 consecutive days: seconds per day stays flat when the growth is linear;
+4. the peak RSS of the Spark driver JVM (VmHWM) and of this Python process.
+
 Figures go to stdout and, with ``--write``, to benchmarks/RESULTS.spark.md (a scratch copy; the recorded
 figures live in benchmarks/RESULTS.md).
 """
@@ -14,9 +21,9 @@ figures live in benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -60,96 +67,178 @@ def manifest_mismatches(files: dict, result) -> dict:
     return out
 
 
+def gzip_orjson_lines_per_s(files: list[Path]) -> tuple[int, float]:
+    """One core: decompress and parse every line of the files (records; blank and broken lines skipped)."""
+    import gzip
+
+    import orjson
+
+    t0 = time.perf_counter()
+    n = 0
+    for f in files:
+        with gzip.open(f, "rb") as fh:
+            for line in fh:
+                try:
+                    orjson.loads(line)
+                    n += 1
+                except orjson.JSONDecodeError:
+                    pass
+    return n, time.perf_counter() - t0
+
+
+def duckdb_same_output(home: Path, day: str, out: Path, threads: int) -> float:
+    """The day through DuckDB's read_json into the same event table: seconds (lenient rules, see docstring)."""
+    import duckdb
+
+    from transforms.landing import DAY_MS, day_start_ms
+    from transforms.spark.events import EVENT_COLUMNS
+
+    def files(d: str, kind: str) -> str:
+        return f"'{home}/landing/date={d}/{kind}-*.jsonl.gz'"
+
+    start = day_start_ms(day)
+    nxt = dt.date.fromisoformat(day) + dt.timedelta(days=1)
+    clicks = " union all ".join(f"select * from read_json({files(d, 'clicks')}, format='newline_delimited', "
+                                "ignore_errors=true, columns={impression_id:'varchar', ts_ms:'bigint', click_type:'varchar', dwell_ms:'bigint'})"
+                                for d in (day, nxt.isoformat()) if (home / "landing" / f"date={d}").exists())
+    cols = ", ".join(f"cast({c} as {'varchar' if t == 'string' else t}) as {c}" for c, t in EVENT_COLUMNS.items())
+    t0 = time.perf_counter()
+    con = duckdb.connect()
+    con.execute(f"set threads = {threads}")
+    con.execute(f"""
+        copy (
+        with imps as (
+            select * from read_json({files(day, 'impressions')}, format='newline_delimited', ignore_errors=true,
+                 columns={{request_id:'varchar', impression_id:'varchar', user_id:'varchar', ts_ms:'bigint', ad_id:'varchar',
+                          campaign_id:'varchar', advertiser_id:'varchar', category_id:'varchar', brand_id:'varchar',
+                          position:'integer', surface:'varchar', device:'varchar'}})
+            where impression_id is not null and ts_ms between {start} and {start + DAY_MS - 1}
+            qualify row_number() over (partition by impression_id order by ts_ms) = 1),
+        clicks as ({clicks}),
+        winners as (
+            select c.impression_id, c.click_type, c.dwell_ms, c.ts_ms as click_ts_ms
+            from clicks c join imps i on c.impression_id = i.impression_id
+                 and c.ts_ms between i.ts_ms and i.ts_ms + 3600000
+            qualify row_number() over (partition by c.impression_id order by c.ts_ms) = 1),
+        beh as (
+            select distinct * from read_json({files(day, 'behaviors')}, format='newline_delimited', ignore_errors=true,
+                 columns={{user_id:'varchar', ts_ms:'bigint', item_id:'varchar', category_id:'varchar', brand_id:'varchar',
+                          action:'varchar'}})
+            where ts_ms between {start} and {start + DAY_MS - 1}),
+        events as (
+            select 'impression' as event_kind, i.user_id, i.ts_ms, i.request_id, i.impression_id, i.ad_id as item_id, i.ad_id,
+                   i.campaign_id, i.advertiser_id, i.category_id, i.brand_id, i.position, i.surface, i.device,
+                   null as action, (w.impression_id is not null)::int as label, w.click_type, w.dwell_ms, w.click_ts_ms
+            from imps i left join winners w using (impression_id)
+            union all by name
+            select 'behavior' as event_kind, user_id, ts_ms, item_id, category_id, brand_id, action from beh)
+        select {cols} from events order by ts_ms, user_id) to '{out}' (format parquet)""")
+    con.close()
+    return time.perf_counter() - t0
+
+
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM (peak resident set) of a process, in MiB, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="large")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--days", type=int, default=3, help="override the preset's number of days (0: keep)")
+    ap.add_argument("--days", type=int, default=9, help="override the preset's number of days (0: keep); 9 give D-1/D+1 around 7 days")
     ap.add_argument("--home", default=None, help="data root for the world (default /tmp/genrank-bench-<preset>)")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--masters", default="local[1],local[2]")
-    ap.add_argument("--driver-memory", default="3g")
-    ap.add_argument("--shuffle-partitions", type=int, default=4)
-    ap.add_argument("--no-verify", action="store_true", help="skip the Python gzip/line-count pre-check of landing files")
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--growth", default="1,3,7", help="day counts for the growth figure ('' to skip)")
     ap.add_argument("--write", action="store_true", help="write the figures to benchmarks/RESULTS.spark.md")
     args = ap.parse_args(argv)
 
+    from pipelines import settings
     from transforms.spark.events import run_events_job
     from transforms.spark.session import build_session
 
     home = Path(args.home or f"/tmp/genrank-bench-{args.preset}")
-    manifest, sim_s = ensure_world(home, args.preset, args.seed, args.days or None)
+    manifest, _ = ensure_world(home, args.preset, args.seed, args.days or None)
     days = manifest["days"]
-    day = days[len(days) // 2] if len(days) >= 3 else days[0]
+    day = days[1] if len(days) >= 3 else days[0]
     lines_d = sum(v["lines"] for v in manifest["files"][day].values())
-    masters = [m.strip() for m in args.masters.split(",")]
+    driver_memory = settings.env("GENRANK_SPARK_DRIVER_MEMORY", "2g")
+    spark = build_session(master=args.master, driver_memory=driver_memory, app_name="genrank-bench")
+    jvm_pid = spark.sparkContext._gateway.proc.pid
 
-    def run(master: str):
-        spark = build_session(master=master, driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions,
-                              app_name="genrank-bench")
-        return run_events_job(spark, home, day, verify_landing=not args.no_verify)
-
-    print(f"day {day}: {lines_d:,} input lines in D's files; warm-up on {masters[-1]} ...")
-    warm = run(masters[-1])
+    print(f"day {day}: {lines_d:,} input lines in D's files; warm-up on {args.master} ...", flush=True)
+    warm = run_events_job(spark, home, day)
     print(warm.summary())
     mismatch = manifest_mismatches(manifest["files"][day], warm)
     print("quarantine/duplicate counts vs the simulator manifest:", "exact match" if not mismatch else mismatch)
-    times: dict[str, list[float]] = {m: [] for m in masters}
+    times = []
     for rep in range(args.repeats):
-        for m in masters:
-            r = run(m)
-            times[m].append(r.duration_s)
-            print(f"  {m} run {rep + 1}: {r.duration_s:.2f} s, {r.rows_per_s:,.0f} lines/s")
-    med = {m: statistics.median(v) for m, v in times.items()}
-    ratio = med[masters[0]] / med[masters[-1]] if len(masters) > 1 else 1.0
+        times.append(run_events_job(spark, home, day).duration_s)
+        print(f"  run {rep + 1}: {times[-1]:.2f} s, {lines_d / times[-1]:,.0f} lines/s", flush=True)
+    job_s = statistics.median(times)
+
+    duck_out = home / "bench-duckdb-events.parquet"
+    duck_s = duckdb_same_output(home, day, duck_out, threads=2)
+    day_files = sorted((home / "landing" / f"date={day}").glob("*.jsonl.gz"))
+    parsed, orjson_s = gzip_orjson_lines_per_s(day_files)
+
+    growth = []
+    for n in [int(x) for x in args.growth.split(",") if x]:
+        span = days[1:1 + n]
+        if len(span) < n:
+            print(f"  growth: {n} days need {n + 2} simulated days (have {len(days)}); skipped")
+            continue
+        t0 = time.perf_counter()
+        lines = sum(run_events_job(spark, home, d).input_lines for d in span)
+        growth.append((n, lines, time.perf_counter() - t0))
+        print(f"  {n} day(s): {growth[-1][2]:.1f} s, {growth[-1][2] / n:.1f} s/day, {lines / growth[-1][2]:,.0f} lines/s", flush=True)
+    jvm_rss, py_rss = peak_rss_mib(jvm_pid), peak_rss_mib(os.getpid())
+    spark.stop()
+
     load = os.getloadavg()
-    print("\nresults")
-    for m in masters:
-        print(f"  {m:10s} median {med[m]:.2f} s  -> {lines_d / med[m]:,.0f} lines/s of day D "
-              f"({warm.lines_read / med[m]:,.0f} lines/s incl. D-1/D+1 context)")
-    if len(masters) > 1:
-        print(f"  speed-up {masters[-1]} vs {masters[0]}: x{ratio:.2f} (time {masters[0]} / time {masters[-1]})")
+    rows = [
+        ("events job (Spark, whole job)", job_s, lines_d / job_s, 1.0),
+        ("DuckDB read_json -> same event table (2 threads, lenient)", duck_s, lines_d / duck_s, job_s / duck_s),
+        ("gzip + orjson parse, one core (the practical limit)", orjson_s, parsed / orjson_s, job_s / orjson_s),
+    ]
+    print("\nresults (day D)")
+    for name, sec, rate, ratio in rows:
+        print(f"  {name:58s} {sec:7.2f} s  {rate:>10,.0f} lines/s  job time / this: x{ratio:.2f}")
+    if growth:
+        base = growth[0][2] / growth[0][0]
+        print("  growth: " + ", ".join(f"{n} d {t:.1f} s ({t / n / base:.2f} x the 1-day time per day)" for n, _, t in growth))
+    print(f"  peak RSS: Spark driver JVM {jvm_rss:,.0f} MiB (spark.driver.memory={driver_memory}), Python {py_rss:,.0f} MiB")
+    print(f"  load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} on {os.cpu_count()} cores")
 
     if args.write:
         cmd = " ".join([".venv/bin/python benchmarks/spark_aggregation.py", *[shlex.quote(a) for a in (argv or sys.argv[1:])]])
-        sim_note = (f"simulated by this run in {sim_s:.0f} s" if sim_s is not None
-                    else "simulated by an earlier run of this script (3 days of `large`: about 4 min here) and reused")
-        out = REPO / "benchmarks" / "RESULTS.spark.md"
-        rows = "\n".join(
-            f"| `{m}` | {med[m]:.2f} | {', '.join(f'{t:.2f}' for t in times[m])} | {lines_d / med[m]:,.0f} | {warm.lines_read / med[m]:,.0f} |"
-            for m in masters)
-        acc = warm.accounting
-        text = f"""# Spark events job benchmark
-
-Command (from the repository root):
+        table = "\n".join(f"| {name} | {sec:.2f} | {rate:,.0f} | x{ratio:.2f} |" for name, sec, rate, ratio in rows)
+        grow = "\n".join(f"| {n} | {lines:,} | {t:.1f} | {t / n:.1f} | {t / n / (growth[0][2] / growth[0][0]):.2f} |"
+                          for n, lines, t in growth)
+        (REPO / "benchmarks" / "RESULTS.spark.md").write_text(f"""# Spark events job benchmark
 
     {cmd}
 
-World: preset `{manifest['preset']}`, seed {manifest['seed']}, {len(days)} simulated day(s) ({days[0]} .. {days[-1]}),
-{sim_note}. The full `large` preset has 21 days; one job reads only D-1, D and D+1, so 3 days give the
-per-day figure at a fraction of the simulation time.
-Measured day: **{day}** — {lines_d:,} input lines in D's files (impressions {acc['impressions'].input_lines:,}, clicks
-{acc['clicks'].input_lines:,}, behaviors {acc['behaviors'].input_lines:,}); with D-1's impressions+clicks and D+1's clicks the
-job reads {warm.lines_read:,} lines. Output: {warm.events_rows:,} events ({warm.impressions:,} impressions, CTR
-{(warm.ctr or 0):.4f}), {warm.quarantined:,} quarantined, {warm.duplicates:,} duplicates. Landing pre-check (Python gzip
-decompression + line counts of the three days) {'off' if args.no_verify else 'on, included in the times'}.
-Quarantine and duplicate counts of the measured day vs the simulator manifest: {'exact match' if not mismatch else mismatch}.
+World: preset `{manifest['preset']}`, seed {manifest['seed']}, {len(days)} days; measured day {day}: {lines_d:,} input lines
+({warm.lines_read:,} read with D-1's impressions+clicks and D+1's clicks). Manifest counts: {'exact match' if not mismatch else mismatch}.
+Master {args.master}, spark.driver.memory={driver_memory}; median of {args.repeats} runs after a warm-up.
 
-One warm-up run, then {args.repeats} interleaved run(s) per master; the median is reported. A run is the whole
-job entry `run_events_job`: landing validation, read, parse, dedup, attribution, counts, two atomic Parquet writes.
+| pipeline | s | lines/s of D | job time / this |
+|---|---|---|---|
+{table}
 
-| master | median s | runs s | lines/s (day D) | lines/s (all lines read) |
+| days | input lines | s | s/day | s/day vs 1 day |
 |---|---|---|---|---|
-{rows}
+{grow}
 
-**local[2] vs local[1]: x{ratio:.2f}** (time local[1] / time local[2], same process, same JVM).
-
-Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), shared with other work: load average
-{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) at the end of the run, so the ratio understates what two free
-cores give. spark.driver.memory={args.driver_memory}, spark.sql.shuffle.partitions={args.shuffle_partitions}, AQE on.
-"""
-        out.write_text(text)
-        print(f"wrote {out}")
+Peak RSS: Spark driver JVM {jvm_rss:,.0f} MiB, Python {py_rss:,.0f} MiB. Load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}
+on {os.cpu_count()} cores (shared machine).
+""")
+        print("wrote benchmarks/RESULTS.spark.md")
     return 0
 
 
