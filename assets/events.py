@@ -48,7 +48,7 @@ _RATES = QuarantineRates()
 
 class EventsConfig(dg.Config):
     attribution_window_min: float = float(settings.env("GENRANK_ATTRIBUTION_WINDOW_MIN", "60"))
-    late_grace_hours: float = float(settings.env("GENRANK_LATE_GRACE_HOURS", "6"))
+    late_grace_hours: float = settings.late_grace_hours()
     verify_landing: bool = True
     ctr_band: float = 0.5
     ctr_z: float = 4.0

@@ -21,7 +21,7 @@ def genrank_home() -> Path:
     return Path(env("GENRANK_HOME", str(REPO_ROOT / ".genrank"))).resolve()
 
 
-# name -> (default, meaning). The README's configuration table is generated from the same facts.
+# name -> (default, meaning). tests/test_settings.py checks that the README's configuration table lists each.
 VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_HOME": ("./.genrank", "root of all data: landing/, lake/, warehouse.duckdb, mlflow.db, mlartifacts/, dagster_home/"),
     "GENRANK_START_DATE": ("first landing day found, else 2026-01-01", "first daily partition"),
