@@ -5,6 +5,7 @@ test fails; the webserver's GraphQL API as the UI calls it; and Debian's headles
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -21,12 +22,19 @@ from pipelines.runner import local_dagster_home
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LOCATION = "genrank"
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Linux: the service gets SIGTERM when the test process dies, even when it is killed before its
+    finally blocks run (a timeout, a kill -9), so no service outlives its test."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Service:
@@ -37,7 +45,7 @@ class Service:
         self.pid_file = folder / f"{name}.pid"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
         self.pid_file.write_text(str(self.proc.pid))
 
     def stop(self) -> None:
