@@ -168,6 +168,8 @@ def test_a_ui_range_backfill_runs_the_days_in_order_and_the_ui_shows_it(tiny_pip
                                 "... on StopSensorMutationResult { instigationState { status } } } }",
                                 {"id": sensor["sensorState"]["id"]})
         assert stopped["stopSensor"]["instigationState"]["status"] == "STOPPED"
+        # the daemon may be inside a sensor iteration that read the state before the stop: let it pass
+        time.sleep(3 * int(RUN_ENV["GENRANK_SENSOR_INTERVAL_S"]))
         _land_all(reference_home, home, report.days)
         started = time.monotonic()
         launched = stack.graphql(BACKFILL, {"params": {
