@@ -9,7 +9,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_TELEMETRY := false
 export DAGSTER_DISABLE_TELEMETRY := true
 
-.PHONY: setup demo test java dbt-manifest dagster mlflow clean-data
+.PHONY: setup demo test java dbt-manifest dagster mlflow clean-data prod-up prod-down
 
 setup: $(STAMP) java dbt-manifest
 
@@ -43,6 +43,15 @@ dagster: setup
 
 mlflow: setup
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$${GENRANK_HOME:-.genrank}/mlflow.db
+
+# The production rehearsal (deploy/stack.py): PostgreSQL, dagster-webserver + dagster-daemon on a Postgres
+# instance, an MLflow tracking server, a Spark standalone master + worker, all on 127.0.0.1, state under
+# $GENRANK_HOME/stack/. PostgreSQL is installed from Debian when missing.
+prod-up: setup
+	$(BIN)/genrank stack up
+
+prod-down:
+	$(BIN)/genrank stack down
 
 clean-data:
 	rm -rf .genrank

@@ -72,6 +72,8 @@ class Registry:
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
             return exp.experiment_id
+        if self.tracking_uri.startswith(("http://", "https://")):
+            return self.client.create_experiment(name)   # the server's artifact root: its mlflow-artifacts: proxy
         Path(self.artifact_root).mkdir(parents=True, exist_ok=True)
         return self.client.create_experiment(name, artifact_location=(Path(self.artifact_root) / name).resolve().as_uri())
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
+import time
 from pathlib import Path
 
 from pipelines import settings
@@ -70,6 +72,28 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
 
     demoted, restored = default_registry(Path(args.home).resolve()).rollback(CTR)
     print(f"{CTR}: champion moved back from v{demoted} to v{restored} (v{demoted} is tagged rolled_back_at)")
+    return 0
+
+
+def _cmd_stack(args: argparse.Namespace) -> int:
+    from deploy.stack import Stack
+
+    stack = Stack(Path(args.home).resolve())
+    if args.action == "up":
+        started = time.monotonic()
+        timings = stack.up()
+        print(f"stack up under {stack.folder}: started {len(timings)} service(s) in {time.monotonic() - started:.1f} s; "
+              f"dagster-webserver http://127.0.0.1:{stack.ports.dagster}, MLflow http://127.0.0.1:{stack.ports.mlflow}; "
+              f"for a shell: eval \"$(genrank stack env --home {stack.home})\"")
+    elif args.action == "down":
+        print(f"stopped {len(stack.down())} service(s) of {stack.folder}")
+    elif args.action == "env":
+        print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in stack.pipeline_env().items()))
+    else:
+        status = stack.status()
+        for name, pid in status.items():
+            print(f"{name}: {'up (pid %d)' % pid if pid else 'down'}")
+        return 0 if all(status.values()) else 1
     return 0
 
 
@@ -187,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rollback", help="move the genrank-ctr champion alias back to the previous version")
     p.add_argument("--home", default=home)
     p.set_defaults(func=_cmd_rollback)
+
+    p = sub.add_parser("stack", help="the production rehearsal on this machine: PostgreSQL, dagster-webserver and "
+                                     "-daemon on a Postgres instance, an MLflow server, Spark standalone (deploy/stack.py)")
+    p.add_argument("action", choices=["up", "down", "status", "env"],
+                   help="up (idempotent), down (only what its PID files name), status (exit 1 unless all up), "
+                        "env (the pipeline's variables as shell exports)")
+    p.add_argument("--home", default=home)
+    p.set_defaults(func=_cmd_stack)
     return parser
 
 

@@ -39,7 +39,15 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_SERVE_MAX_CANDIDATES": ("1000", "`genrank serve`: candidates per request"),
     "GENRANK_SERVE_MAX_HISTORY": ("20000", "`genrank serve`: inline history events per request"),
     "GENRANK_SERVE_MAX_BODY_BYTES": ("8388608", "`genrank serve`: request body size (413 above)"),
+    "GENRANK_TRAIN_PROCS": ("1", "processes the student asset trains with: above 1 it launches `torchrun --nproc-per-node N` (DDP, gloo on CPU); `genrank stack` defaults it to 2"),
+    "GENRANK_STACK_POSTGRES_PORT": ("15432", "`genrank stack`: PostgreSQL's port (127.0.0.1)"),
+    "GENRANK_STACK_MLFLOW_PORT": ("15000", "`genrank stack`: the MLflow tracking server's port"),
+    "GENRANK_STACK_SPARK_PORT": ("17077", "`genrank stack`: the Spark master's port (its web UI on +1, the worker's on +2)"),
+    "GENRANK_STACK_DAGSTER_PORT": ("13000", "`genrank stack`: dagster-webserver's port"),
 }
+# deploy.stack.Ports, in its field order
+STACK_PORTS = ("GENRANK_STACK_POSTGRES_PORT", "GENRANK_STACK_MLFLOW_PORT", "GENRANK_STACK_SPARK_PORT",
+               "GENRANK_STACK_DAGSTER_PORT")
 
 
 def online_store() -> str:
@@ -55,6 +63,11 @@ def late_grace_hours() -> float:
 def sensor_interval_s() -> int:
     """GENRANK_SENSOR_INTERVAL_S: the landing sensor's minimum interval (read when the code location loads)."""
     return int(env("GENRANK_SENSOR_INTERVAL_S", VARIABLES["GENRANK_SENSOR_INTERVAL_S"][0]))
+
+
+def train_procs() -> int:
+    """GENRANK_TRAIN_PROCS: processes the student asset trains with (torchrun above 1)."""
+    return int(env("GENRANK_TRAIN_PROCS", VARIABLES["GENRANK_TRAIN_PROCS"][0]))
 
 
 def tracking_uri(home: Path) -> str:

@@ -1,0 +1,427 @@
+"""The production rehearsal on one machine: `genrank stack up|down|status` (`make prod-up` / `make prod-down`).
+
+Brings up, bound to 127.0.0.1, with state, logs and PID files under ``$GENRANK_HOME/stack/``:
+
+- **postgres**: a private cluster of Debian's PostgreSQL (``initdb`` once, then ``postgres -D``), the
+  storage of the Dagster instance (database ``dagster``) and of the MLflow server (database ``mlflow``);
+  password authentication, the password in ``stack/postgres.password``. PostgreSQL refuses to run as
+  root: a root caller runs it as the package's ``postgres`` user (the data folder is chowned to it).
+- **mlflow**: ``mlflow server --serve-artifacts``: the registry in Postgres, artifacts proxied by the
+  server into ``stack/mlartifacts`` (clients only see ``mlflow-artifacts:`` URIs).
+- **spark-master** and **spark-worker**: Spark standalone from the pyspark package's ``bin/spark-class``
+  (the pip package has no ``sbin/start-master.sh``).
+- **dagster-webserver** and **dagster-daemon**: the instance ``stack/dagster_home/dagster.yaml``, which is
+  ``deploy/dagster.yaml`` (the production truth) with the one rehearsal change, :func:`instance_config`.
+
+Every process is started in its own session with a PID file holding its PID and kernel start time, and
+is stopped only through that file (a PID reused by another process is never signalled). ``up`` is
+idempotent: what runs is reported and left alone. The pipeline processes (the daemon's runs, ``genrank
+serve``) get :func:`pipeline_env`; ``genrank stack env`` prints it for a shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from pipelines import settings
+
+REPO = settings.REPO_ROOT
+BIN = Path(sys.executable).parent
+DEPLOY_INSTANCE = REPO / "deploy" / "dagster.yaml"
+PG_USER, PG_DATABASES = "genrank", ("dagster", "mlflow")
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+@dataclass(frozen=True)
+class Ports:
+    postgres: int
+    mlflow: int
+    spark: int          # the master's RPC port; its web UI listens on spark + 1, the worker's on spark + 2
+    dagster: int
+
+    @classmethod
+    def from_settings(cls) -> "Ports":
+        return cls(*(int(settings.env(name, settings.VARIABLES[name][0])) for name in settings.STACK_PORTS))
+
+
+@dataclass
+class Stack:
+    home: Path
+    ports: Ports = field(default_factory=Ports.from_settings)
+
+    @property
+    def folder(self) -> Path:
+        return self.home / "stack"
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.folder / "dagster_home"
+
+    @property
+    def pg_data(self) -> Path:
+        return self.folder / "postgres"
+
+    @property
+    def password_file(self) -> Path:
+        return self.folder / "postgres.password"
+
+    def password(self) -> str:
+        return self.password_file.read_text().strip()
+
+    def pg_uri(self, db: str, scheme: str = "postgresql") -> str:
+        return f"{scheme}://{PG_USER}:{self.password()}@127.0.0.1:{self.ports.postgres}/{db}"
+
+    def pipeline_env(self) -> dict[str, str]:
+        """The variables every pipeline process of the stack runs with (besides the caller's)."""
+        return {
+            "GENRANK_HOME": str(self.home),
+            "DAGSTER_HOME": str(self.dagster_home),
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_USER": PG_USER,
+            "DAGSTER_PG_PASSWORD": self.password(),
+            "DAGSTER_PG_DB": "dagster",
+            "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{self.ports.mlflow}",
+            "GENRANK_SPARK_MASTER": f"spark://127.0.0.1:{self.ports.spark}",
+            "GENRANK_TRAIN_PROCS": settings.env("GENRANK_TRAIN_PROCS", "2"),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": sys.executable,
+            "MLFLOW_ENABLE_TELEMETRY": "false",
+            "DAGSTER_DISABLE_TELEMETRY": "true",
+            "GX_ANALYTICS_ENABLED": "false",
+        }
+
+    # ------------------------------------------------------------------------------------ services
+
+    def services(self) -> list["Service"]:
+        """In start order; stopped in reverse."""
+        p, spark_home = self.ports, _spark_home()
+        spark_env = {"SPARK_HOME": spark_home, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(self.folder / "logs"),
+                     "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1",
+                     # no REST submission server (fixed port 6066): applications connect over the master port
+                     "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
+        spark_class = str(Path(spark_home) / "bin" / "spark-class")
+        workspace = str(REPO / "workspace.yaml")
+        return [
+            Service("postgres", [p.postgres], self._postgres_cmd, self._postgres_ready, stop_signal=signal.SIGINT,
+                    group=False, prepare=self._postgres_prepare, after=self._postgres_databases, user=_pg_user()),
+            Service("mlflow", [p.mlflow], lambda: [
+                str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(p.mlflow), "--workers", "1",
+                "--backend-store-uri", self.pg_uri("mlflow", "postgresql+psycopg2"), "--serve-artifacts",
+                "--artifacts-destination", (self.folder / "mlartifacts").resolve().as_uri()],
+                lambda: _http_ok(f"http://127.0.0.1:{p.mlflow}/health")),
+            Service("spark-master", [p.spark, p.spark + 1], lambda: [
+                spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(p.spark),
+                "--webui-port", str(p.spark + 1)], lambda: _port_open(p.spark), env=spark_env),
+            Service("spark-worker", [p.spark + 2], lambda: [
+                spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--webui-port",
+                str(p.spark + 2), "--cores", "2", "--memory", "2g", "--work-dir", str(self.folder / "spark-work"),
+                f"spark://127.0.0.1:{p.spark}"], self._spark_worker_registered, env=spark_env),
+            Service("dagster-webserver", [p.dagster], lambda: [
+                str(BIN / "dagster-webserver"), "-w", workspace, "-h", "127.0.0.1", "-p", str(p.dagster)],
+                self._webserver_loaded, prepare=self._write_instance),
+            Service("dagster-daemon", [], lambda: [str(BIN / "dagster-daemon"), "run", "-w", workspace],
+                    lambda: True, prepare=self._write_instance),
+        ]
+
+    def up(self, die_with_parent: bool = False, log: Callable[[str], None] = print) -> dict[str, float]:
+        """Starts what is not running; returns the seconds each started service took to become ready."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "logs").mkdir(exist_ok=True)
+        if not self.password_file.exists():
+            self.password_file.write_text(secrets.token_hex(16))
+            self.password_file.chmod(0o600)
+        timings: dict[str, float] = {}
+        for service in self.services():
+            pid = service.running_pid(self.folder)
+            if pid is not None:
+                log(f"{service.name}: already up (pid {pid})")
+                continue
+            started = time.monotonic()
+            service.start(self, die_with_parent)
+            timings[service.name] = time.monotonic() - started
+            log(f"{service.name}: up in {timings[service.name]:.1f} s ({service.describe(self)})")
+        return timings
+
+    def down(self, log: Callable[[str], None] = print) -> list[str]:
+        """Stops every service this stack's PID files name, newest first; returns their names."""
+        stopped = []
+        for service in reversed(self.services()):
+            if service.stop(self.folder):
+                stopped.append(service.name)
+                log(f"{service.name}: stopped")
+        return stopped
+
+    def status(self) -> dict[str, int | None]:
+        return {s.name: s.running_pid(self.folder) for s in self.services()}
+
+    # ------------------------------------------------------------------------------------ postgres
+
+    def _postgres_prepare(self) -> None:
+        user = _pg_user()
+        if (self.pg_data / "PG_VERSION").exists():
+            return
+        initdb = _pg_binary("initdb")
+        self.pg_data.mkdir(parents=True, exist_ok=True)
+        pwfile = self.folder / "postgres.initdb-password"
+        pwfile.write_text(self.password() + "\n")
+        try:
+            if user is not None:
+                entry = pwd.getpwnam(user)
+                for path in (self.pg_data, pwfile):
+                    os.chown(path, entry.pw_uid, entry.pw_gid)
+                self.pg_data.chmod(0o700)
+                probe = subprocess.run(["test", "-w", str(self.pg_data)], user=user)
+                if probe.returncode != 0:
+                    raise ValueError(f"PostgreSQL runs as the user {user!r} (it refuses root), who cannot reach "
+                                     f"{self.pg_data}: give GENRANK_HOME a path every user can traverse")
+            subprocess.run([initdb, "-D", str(self.pg_data), "-U", PG_USER, f"--pwfile={pwfile}",
+                            "--auth=scram-sha-256", "-E", "UTF8", "--locale=C"], user=user, check=True,
+                           capture_output=True, text=True)
+        finally:
+            pwfile.unlink()
+
+    def _postgres_cmd(self) -> list[str]:
+        return [_pg_binary("postgres"), "-D", str(self.pg_data), "-p", str(self.ports.postgres),
+                "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="]
+
+    def _postgres_ready(self) -> bool:
+        import psycopg2
+
+        try:
+            psycopg2.connect(self.pg_uri("postgres"), connect_timeout=3).close()
+            return True
+        except psycopg2.OperationalError:
+            return False
+
+    def _postgres_databases(self) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(self.pg_uri("postgres"))
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                for db in PG_DATABASES:
+                    cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,))
+                    if cur.fetchone() is None:
+                        cur.execute(f'CREATE DATABASE "{db}"')
+        finally:
+            conn.close()
+
+    # ------------------------------------------------------------------------------------ spark, dagster
+
+    def _spark_worker_registered(self) -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.spark + 1}/json/", timeout=5) as response:
+                return json.loads(response.read()).get("aliveworkers", 0) >= 1
+        return False
+
+    def _write_instance(self) -> None:
+        self.dagster_home.mkdir(parents=True, exist_ok=True)
+        target = self.dagster_home / "dagster.yaml"
+        text = ("# Written by `genrank stack up` from deploy/dagster.yaml (deploy/stack.py instance_config): "
+                "do not edit.\n" + yaml.safe_dump(instance_config(self.ports.postgres), sort_keys=False))
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+
+    def _webserver_loaded(self) -> bool:
+        query = ("{ workspaceOrError { ... on Workspace { locationEntries { "
+                 "locationOrLoadError { __typename ... on PythonError { message } } } } } }")
+        request = urllib.request.Request(f"http://127.0.0.1:{self.ports.dagster}/graphql",
+                                         data=json.dumps({"query": query}).encode(),
+                                         headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                entries = json.loads(response.read())["data"]["workspaceOrError"]["locationEntries"]
+        except (OSError, KeyError, TypeError, ValueError):
+            return False
+        loaded = [e["locationOrLoadError"] for e in entries if e["locationOrLoadError"]]
+        errors = [e.get("message", "") for e in loaded if e["__typename"] == "PythonError"]
+        if errors:
+            raise RuntimeError(f"the code location failed to load: {errors[0][:2000]}")
+        return bool(loaded)
+
+
+def instance_config(postgres_port: int) -> dict:
+    """deploy/dagster.yaml with the rehearsal's one change, decided here: no Docker daemon on this machine,
+    so the run launcher is Dagster's default (a run is a subprocess of the daemon's code server) instead of
+    DockerRunLauncher; Postgres listens on the stack's port. Storage, queue, pools, retries and run
+    monitoring are production's."""
+    config = yaml.safe_load(DEPLOY_INSTANCE.read_text())
+    config.pop("run_launcher")
+    config["storage"]["postgres"]["postgres_db"]["port"] = postgres_port
+    return config
+
+
+@dataclass
+class Service:
+    name: str
+    ports: list[int]
+    command: Callable[[], list[str]]
+    ready: Callable[[], bool]
+    env: dict[str, str] = field(default_factory=dict)
+    stop_signal: int = signal.SIGTERM
+    group: bool = True            # signal the whole process group (children such as Spark executors, run workers)
+    prepare: Callable[[], None] | None = None
+    after: Callable[[], None] | None = None
+    user: str | None = None       # run as this user (PostgreSQL under root)
+    timeout_s: float = 300
+
+    def pid_file(self, folder: Path) -> Path:
+        return folder / f"{self.name}.pid"
+
+    def describe(self, stack: Stack) -> str:
+        ports = ", ".join(f"127.0.0.1:{p}" for p in self.ports) or "no port"
+        return f"{ports}; log {stack.folder / 'logs' / f'{self.name}.log'}"
+
+    def running_pid(self, folder: Path) -> int | None:
+        """The PID of the process this stack started, if it still runs (same PID and kernel start time)."""
+        path = self.pid_file(folder)
+        if not path.exists():
+            return None
+        pid, start = (int(x) for x in path.read_text().split())
+        return pid if _start_time(pid) == start else None
+
+    def start(self, stack: Stack, die_with_parent: bool) -> None:
+        for port in self.ports:
+            if _port_open(port):
+                raise ValueError(f"port {port} is in use: {self.name} cannot bind 127.0.0.1:{port} "
+                                 f"(set {_port_variable(self.name)} to a free port)")
+        self.pid_file(stack.folder).unlink(missing_ok=True)   # stale: its process is gone
+        if self.prepare is not None:
+            self.prepare()
+        env = {**os.environ, **stack.pipeline_env(), **self.env}
+        log_path = stack.folder / "logs" / f"{self.name}.log"
+        as_user = {}
+        if self.user is not None:
+            entry = pwd.getpwnam(self.user)
+            as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(self.command(), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, **as_user,
+                                    preexec_fn=_die_with_parent if die_with_parent else None)
+        self.pid_file(stack.folder).write_text(f"{proc.pid} {_start_time(proc.pid)}")
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while not self.ready():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited with {proc.returncode}: {_tail(log_path)}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name} was not ready after {self.timeout_s:.0f} s: {_tail(log_path)}")
+                time.sleep(1)
+            if self.after is not None:
+                self.after()
+        except BaseException:
+            self.stop(stack.folder)
+            raise
+
+    def stop(self, folder: Path, timeout_s: float = 60) -> bool:
+        """Stops the process of this service's PID file (its group, for group services); False if none ran."""
+        pid = self.running_pid(folder)
+        if pid is None:
+            self.pid_file(folder).unlink(missing_ok=True)   # stale or absent
+            return False
+        kill = os.killpg if self.group else os.kill
+        with contextlib.suppress(ProcessLookupError):
+            kill(pid, self.stop_signal)
+        if not _wait_gone(pid, timeout_s):
+            with contextlib.suppress(ProcessLookupError):
+                kill(pid, signal.SIGKILL)
+            _wait_gone(pid, 30)
+        self.pid_file(folder).unlink(missing_ok=True)
+        return True
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+def _port_variable(service: str) -> str:
+    return {"postgres": "GENRANK_STACK_POSTGRES_PORT", "mlflow": "GENRANK_STACK_MLFLOW_PORT",
+            "dagster-webserver": "GENRANK_STACK_DAGSTER_PORT"}.get(service, "GENRANK_STACK_SPARK_PORT")
+
+
+def _spark_home() -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent)
+
+
+def _pg_user() -> str | None:
+    """PostgreSQL refuses to run as root: root runs it as the Debian package's postgres user."""
+    return "postgres" if os.geteuid() == 0 else None
+
+
+def _pg_binary(name: str) -> str:
+    """A PostgreSQL server binary; Debian's postgresql package is installed when missing."""
+    def find() -> str | None:
+        versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3]))
+        return str(versions[-1]) if versions else shutil.which(name)
+
+    found = find()
+    if found is None:
+        sudo = [] if os.geteuid() == 0 else ["sudo"]
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "postgresql"]):
+            subprocess.run(sudo + cmd, check=True, capture_output=True, env=env, timeout=1200)
+        found = find()
+    if found is None:
+        raise RuntimeError(f"PostgreSQL's {name} is missing and apt-get could not install it: "
+                           "apt-get install postgresql, then rerun")
+    return found
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _start_time(pid: int) -> int | None:
+    """The kernel's start time of a live process (field 22 of /proc/PID/stat), None if none or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)    # reap it when this process started it
+        if _start_time(pid) is None:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _http_ok(url: str) -> bool:
+    with contextlib.suppress(OSError):
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    return False
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:]
