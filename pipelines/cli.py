@@ -12,10 +12,38 @@ from pathlib import Path
 from pipelines import settings
 
 
+def world_config(preset: str, strengths: str | None = None, users: int | None = None, days: int | None = None,
+                 bias_logit: float | None = None):
+    """The preset's WorldConfig with the `simulate` options applied. ``strengths`` is
+    ``name=value,...`` over the fields of transforms.simulator.world.Strengths (the click-logit effects)."""
+    import dataclasses
+
+    from transforms.simulator import resolve_config
+    from transforms.simulator.world import Strengths
+
+    cfg = resolve_config(preset)
+    known = {f.name for f in dataclasses.fields(Strengths)}
+    changes: dict[str, float] = {}
+    for item in filter(None, (s.strip() for s in (strengths or "").split(","))):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or name not in known:
+            raise ValueError(f"--strengths: {item!r} is not NAME=VALUE with NAME one of {', '.join(sorted(known))}")
+        try:
+            changes[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--strengths: {name}={value!r} is not a number") from None
+    sizes = {k: v for k, v in {"n_users": users, "n_days": days, "bias_logit": bias_logit}.items() if v is not None}
+    if any(v < 1 for k, v in sizes.items() if k != "bias_logit"):
+        raise ValueError("--users and --days must be at least 1")
+    return dataclasses.replace(cfg, strengths=dataclasses.replace(cfg.strengths, **changes), **sizes)
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from transforms.simulator import simulate
 
-    report = simulate(preset=args.preset, seed=args.seed, out=args.out)
+    config = world_config(args.preset, args.strengths, args.users, args.days, args.bias_logit)
+    report = simulate(preset=args.preset, seed=args.seed, out=args.out, config=config)
     print(report.summary())
     return 0
 
@@ -125,11 +153,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_ui(args: argparse.Namespace) -> int:
     """`dagster dev` on the instance `genrank run` records into (unless DAGSTER_HOME is set), so the UI
     shows those runs and the daemon runs the schedules, the landing sensor and run retries."""
-    from pipelines.runner import local_dagster_home
+    from pipelines.runner import local_dagster_home, prepare_code_location
 
+    home = Path(args.home).resolve()
+    prepare_code_location(home)
     env = dict(os.environ)
-    env.setdefault("DAGSTER_HOME", str(local_dagster_home(Path(args.home).resolve())))
-    env["GENRANK_HOME"] = str(Path(args.home).resolve())
+    env.setdefault("DAGSTER_HOME", str(local_dagster_home(home)))
+    env["GENRANK_HOME"] = str(home)
     dagster = Path(sys.executable).with_name("dagster")
     cmd = [str(dagster if dagster.exists() else "dagster"), "dev", "-w", str(settings.REPO_ROOT / "workspace.yaml"),
            "--port", str(args.port)]
@@ -146,6 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="demo", help="tiny | demo | large (default demo)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=home, help="data root to write into (default GENRANK_HOME)")
+    p.add_argument("--strengths", default=None,
+                   help="click-logit effects, NAME=VALUE,... over long_term, session, session_decay_min, long_range, "
+                        "long_range_half_life_days, quality, position_bias, repeat (e.g. session=1.5,long_range=2)")
+    p.add_argument("--users", type=int, default=None, help="number of users (default: the preset's)")
+    p.add_argument("--days", type=int, default=None, help="number of days (default: the preset's)")
+    p.add_argument("--bias-logit", type=float, default=None,
+                   help="the click logit's intercept, which sets the base rate (default: the preset's, -4.6)")
     p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("import", help="convert a real public dataset into the landing format")

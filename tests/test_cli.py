@@ -15,6 +15,29 @@ def test_simulate_prints_summary(tmp_path, capsys):
         assert word in out
 
 
+def test_simulate_takes_effect_strengths_sizes_and_the_base_rate(tmp_path, capsys):
+    import json
+
+    args = ["simulate", "--preset", "tiny", "--strengths", "session=0, long_range=2.5", "--users", "6", "--days", "2",
+            "--bias-logit", "-1.5", "--out", str(tmp_path)]
+    assert main(args) == 0
+    manifest = json.loads((tmp_path / "simulator" / "manifest.json").read_text())
+    cfg = manifest["config"]
+    assert cfg["n_users"] == 6 and cfg["bias_logit"] == -1.5 and len(manifest["days"]) == 2
+    assert cfg["strengths"]["session"] == 0.0 and cfg["strengths"]["long_range"] == 2.5
+    assert cfg["strengths"]["long_term"] == 0.45  # untouched effects keep the preset's strength
+    assert "CTR" in capsys.readouterr().out
+
+
+def test_simulate_refuses_an_unknown_effect_or_a_bad_value(tmp_path, capsys):
+    assert main(["simulate", "--preset", "tiny", "--strengths", "sesion=1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "'sesion=1'" in err and "session" in err
+    assert main(["simulate", "--preset", "tiny", "--strengths", "session=high", "--out", str(tmp_path)]) == 2
+    assert "session='high'" in capsys.readouterr().err
+    assert main(["simulate", "--preset", "tiny", "--users", "0", "--out", str(tmp_path)]) == 2
+
+
 def test_unknown_preset_exits_2_naming_it(tmp_path, capsys):
     assert main(["simulate", "--preset", "gigantic", "--out", str(tmp_path)]) == 2
     assert "'gigantic'" in capsys.readouterr().err
