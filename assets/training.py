@@ -51,9 +51,13 @@ class ModelSizeConfig(dg.Config):
     n_heads: int = 2
     max_len: int = 1024
     item_buckets: int = 1 << 15
-    epochs: int = 8
-    min_steps: int = 0            # see TrainConfig.min_steps
-    max_steps: int = 400          # caps a day's training on large worlds
+    # Passes: at most `epochs`; the newest day's latest `holdout` share of impressions picks how many (stop after
+    # `patience` without a better AUC there, keep the best pass) and fits the served head's per-bucket
+    # calibration (TrainConfig.holdout / patience; the same code path as benchmarks/quality.py).
+    epochs: int = 12
+    patience: int = 2
+    holdout: float = 0.2
+    max_steps: int = 800          # caps a day's training on large worlds
     token_budget: int = 2048      # small packed batches: more optimizer steps per day of data
     lr: float = 3e-3
     # BackboneConfig.id_dropout. Trained on demo days 1-5, both models memorise ids after their best pass; with
@@ -96,8 +100,8 @@ def train_config(size: ModelSizeConfig):
     import torch
 
     torch.set_num_threads(size.torch_threads)
-    return TrainConfig(lr=size.lr, epochs=size.epochs, min_steps=size.min_steps, max_steps=size.max_steps,
-                       token_budget=size.token_budget, seed=size.seed, warmup_steps=5, log_every=1000,
+    return TrainConfig(lr=size.lr, epochs=size.epochs, patience=size.patience, holdout=size.holdout,
+                       max_steps=size.max_steps, token_budget=size.token_budget, seed=size.seed, warmup_steps=5, log_every=1000,
                        ckpt_every=size.ckpt_every)
 
 
@@ -131,16 +135,8 @@ def _flat_metrics(prefix: str, metrics: dict) -> dict[str, float]:
 # ----------------------------------------------------------------------------------------- teacher
 
 class TeacherTrainingConfig(ModelSizeConfig):
-    window_days: int = 7   # trailing days of training samples; every one trains (see teacher_model)
-    # With the cross features the teacher learns after about 100 optimizer steps and memorises after 5 passes:
-    # trained on demo days 1-5 (77 steps a pass) it holds 0.85-0.86 on days 6-8 over epochs 3-5 and falls
-    # to 0.83-0.84 by epoch 9; the first teacher, on days 1-2 (18 steps a pass), is at 0.70-0.74 on days 3-5
-    # after 4 passes and 0.78-0.85 after 7 (benchmarks/RESULTS.md, "The teacher"). Hence 4 passes, more
-    # if that is under min_steps.
-    epochs: int = 4
-    min_steps: int = 120
+    window_days: int = 7   # trailing days of training samples (see teacher_model)
     token_budget: int = 4096
-    max_steps: int = 800
     force: bool = False    # retrain even if a teacher exists for the same data and code
     # Inside the daily run of day D: the first teacher once min_days days of samples precede D (one to
     # train on, one whose history it sees), then a retrain every every_days days (weekly, as production
@@ -199,8 +195,8 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConf
     started = time.perf_counter()
     # A killed run resumes from its checkpoint; the checkpoint goes once the version is registered.
     ckpt_dir = paths.root / "checkpoints" / f"teacher-{fingerprint}-{code}"
-    # Every day of the window trains: holding the newest out would leave the first teacher only the
-    # first day, which has no history at all. Its out-of-time AUC is recorded per day by teacher_logits.
+    # Every day of the window trains but the newest day's latest impressions (train_config's holdout), which
+    # pick the pass and calibrate. Its out-of-time AUC is recorded per day by teacher_logits.
     result = train_teacher([str(_samples(paths, d)) for d in days], cfg, train_config(config),
                            ckpt_dir=str(ckpt_dir), resume=True)
     seconds = time.perf_counter() - started
@@ -230,7 +226,8 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConf
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return dg.MaterializeResult(metadata={
         "version": version, "retrained": True, "reason": why, "window": f"{days[0]}..{days[-1]}", "train_seconds": seconds,
-        "steps": result.step,
+        "steps": result.step, "best_pass": result.best_epoch,
+        "held_out_auc_by_pass": dg.MetadataValue.json(result.val_curve),
         "tokens_per_s": float(result.throughput.get("tokens_per_s", float("nan"))),
     })
 
@@ -339,8 +336,9 @@ def _atomic_parquet(df: pd.DataFrame, path: Path) -> None:
 # -------------------------------------------------------------------------------- student candidate
 
 class StudentTrainingConfig(ModelSizeConfig):
-    epochs: int = 4               # a cold start (no earlier candidate) passes 4 times over its day
-    warm_epochs: int = 1          # a warm-started candidate sees its new day once (daily incremental training)
+    # a warm-started candidate passes at most this often over its new day (daily incremental training); the
+    # day's latest impressions choose how often, as for a cold start (at most `epochs`)
+    warm_epochs: int = 4
     lr: float = 2e-3
     force: bool = False          # register a new version even if one exists for this day, data and code
     shuffle_labels: bool = False  # deliberately broken candidate (tests the gates); never in production
@@ -385,7 +383,6 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
             train_samples = _shuffled_labels(samples, tmp / "shuffled", config.seed)
         started = time.perf_counter()
         ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
-        # Many passes over one day overfit a warm-started model (over-confident, log-loss climbs day after day).
         epochs = config.warm_epochs if init is not None else config.epochs
         train_cfg = dataclasses.replace(train_config(config), epochs=epochs)
         result = train_student(str(train_samples), logits[["impression_id", "p"]], student_cfg, train_cfg,
@@ -414,7 +411,10 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return dg.MaterializeResult(metadata={
         "version": version, "teacher_version": teacher_version, "train_seconds": seconds,
-        "warm_start_from": tags["warm_start_from"],
+        "warm_start_from": tags["warm_start_from"], "best_pass": result.best_epoch,
+        "held_out_auc_by_pass": dg.MetadataValue.json(result.val_curve),
+        "calibration_shift_by_bucket": dg.MetadataValue.json(
+            [round(float(x), 4) for x in result.model.main_head.calibration]),
         "final_loss": float(result.history[-1]["loss"]) if result.history and "loss" in result.history[-1] else float("nan"),
         "tokens_per_s": float(result.throughput.get("tokens_per_s", float("nan"))),
     })

@@ -57,7 +57,7 @@ def main() -> None:
         for epoch in range(1, a.epochs + 1):
             started = time.perf_counter()
             # one more epoch from the previous epoch's checkpoint: the same run as `epochs` in one go
-            tc = dataclasses.replace(train_config(size), epochs=epoch, min_steps=0, max_steps=None, log_every=10**9,
+            tc = dataclasses.replace(train_config(size), epochs=epoch, holdout=0.0, max_steps=None, log_every=10**9,
                                      ckpt_every=0)
             step = fit(model, train, tc, ckpt_dir=ckpt, resume=True).step
             seconds = time.perf_counter() - started

@@ -75,7 +75,6 @@ class BackboneConfig:
     qk_gate: bool = True         # CADET gates on projected Q and K
     qk_norm: bool = True         # TM20K: QK-norm, needed for late-training stability
     n_buckets: int = 2           # CADET: K=2 position buckets (slots 1-4, 5+)
-    prior_ctr: float = 0.05      # ours: heads start at this CTR (a typical ad CTR), not at 0.5
     n_click_types: int = 4       # none + view_details / add_to_cart / follow
     aux_click_type_weight: float = 0.1  # ours: CADET gives no weights for aux heads
     aux_dwell_weight: float = 0.1       # ours
@@ -109,7 +108,11 @@ class StudentConfig:
     patm_factors: tuple[int, ...] = (1, 2, 3, 4)
     lptm: bool = True
     lptm_every: int = 2            # TM20K: pair-sum every 2 layers (of a 6-layer model)
-    kd_lambda: float = 50.0        # TM20K: CE + 50 x KD on the distill head
+    # TM20K: CE + 50 x KD on the distill head. KD is the Bernoulli KL(teacher || student): its gradient on the
+    # distill logit, lambda x (p_s - p_t) ~ lambda x p(1-p) x (z_s - z_t), scales with p(1-p) as the label term's
+    # E|p - y| = 2p(1-p) does, so their ratio does not depend on the base rate and lambda needs no CTR scaling.
+    kd_lambda: float = 50.0
+    kd_temperature: float = 1.0    # ours (Hinton et al.'s T on logits, T^2-scaled); 1 = TM20K's plain KD
     # Ablations (benchmarks/quality.py); the defaults are the design above.
     # use_history=False: the no-history baseline (a DLRM-like model: candidate features only, no user
     # sequence). Its tokens carry no history (data.tokenizer_for) and the model drops any it is given.
@@ -130,10 +133,15 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     grad_clip: float = 1.0        # ours
     token_budget: int = 16384     # tokens per (per-rank) packed batch; CADET: fixed token budget
+    # Passes: at most `epochs`. With a held-out slice (`holdout`), the pass is chosen by the data: after every
+    # pass the slice is scored, training stops after `patience` passes without a better AUC and the best pass's
+    # weights are kept (fit); without one, exactly `epochs` passes.
     epochs: int = 1
-    # ours: passes continue beyond `epochs` until this many optimizer steps, so a small window still gets
-    # the updates a model needs before it has learnt anything (max_steps still caps)
-    min_steps: int = 0
+    patience: int = 2             # ours: passes without a better held-out AUC before stopping
+    # ours: share of the newest day's target impressions (its latest, by time) held out of training by
+    # train_teacher / train_student to choose the pass and fit the per-bucket calibration (data.time_holdout);
+    # 0 trains on everything for `epochs` passes, uncalibrated
+    holdout: float = 0.0
     max_steps: int | None = None
     seed: int = 0
     shuffle_buffer: int = 256     # samples held for the streaming shuffle

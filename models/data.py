@@ -675,7 +675,9 @@ def split_for_ranks(toks: list, world: int) -> list[list]:
 
 class PackedLoader:
     """Global batches of tokenised samples with at most `token_budget * world` tokens
-    (each rank's share <= about token_budget after split_for_ranks). Deterministic per (seed, epoch)."""
+    (each rank's share <= about token_budget after split_for_ranks). Deterministic per (seed, epoch).
+    A sample is cut and split by the global budget, so N ranks of budget B/N read the batches one
+    process of budget B reads (models.distributed)."""
 
     def __init__(self, paths, kind: str, cfg, token_budget: int, seed: int | None = 0, shuffle_buffer: int = 256,
                  teacher_probs=None, world: int = 1, targets_only: bool = True):
@@ -685,8 +687,9 @@ class PackedLoader:
         self.teacher = TeacherProbs(teacher_probs) if teacher_probs is not None else None
         self.tok = tokenizer_for(kind, cfg)
         self.targets_only = targets_only
+        self.sample_budget = self.budget * world
         # at most half of a sequence's token room goes to targets (a teacher target costs 2 tokens)
-        room = min(cfg.max_len, self.budget) if kind == "teacher" else self.budget
+        room = min(cfg.max_len, self.sample_budget) if kind == "teacher" else self.sample_budget
         self.max_targets = max(1, room // 4)
 
     def __iter__(self):
@@ -697,7 +700,7 @@ class PackedLoader:
         cur, used = [], 0
         samples = iter_samples(self.paths, self.cfg.features, self.teacher, self.seed, epoch, self.shuffle_buffer)
         for s in (part for sample in samples for part in split_by_targets(sample, self.max_targets)):
-            t = self.tok(s, self.budget)
+            t = self.tok(s, self.sample_budget)
             if self.targets_only and len(t.targets.label) == 0:
                 continue
             if cur and used + t.n_tokens > cap:
@@ -707,3 +710,48 @@ class PackedLoader:
             used += t.n_tokens
         if cur:
             yield cur
+
+
+# ----------------------------------------------------------------------------- held-out slice and base rates
+
+def time_holdout(paths, fraction: float, out_dir: str) -> tuple[list[str], list[str]]:
+    """Splits training samples by time for early stopping and calibration: the newest day's latest
+    ``fraction`` of target impressions (by timestamp; one cut for the whole day, so the slice is out of
+    time for every user) become a validation set, and the training set ends before that cut. In the
+    validation copy the day's earlier targets stay as ordinary labelled events (the history a server
+    would have), exactly as on a next day. Returns (training file list, validation file list), written
+    under ``out_dir`` as ``{train,val}/date=D/part-0.parquet``; the older days' files are used as they are."""
+    files = list_sample_files(paths)
+    dated = sorted({d for d in (_date_of(f) for f in files) if d})
+    if not dated:
+        raise ValueError(f"time_holdout needs date=D partitions; got {files[:3]}")
+    newest = dated[-1]
+    df = pd.concat([pd.read_parquet(f) for f in files if _date_of(f) == newest], ignore_index=True)
+    target = df["is_target"].fillna(False).to_numpy(bool) & (df["event_kind"] == "impression").to_numpy()
+    if not target.any():
+        raise ValueError(f"time_holdout: the newest day {newest} has no target impressions to hold out")
+    cut = int(np.quantile(df.loc[target, "ts_ms"].to_numpy(), 1.0 - fraction, method="higher"))
+    late = df["ts_ms"].to_numpy() >= cut
+    val = df.assign(is_target=target & late)
+    val = val[val.groupby("user_id")["is_target"].transform("any")]
+    out = {}
+    for name, part in (("train", df[~late]), ("val", val)):
+        folder = os.path.join(out_dir, name, f"date={newest}")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, "part-0.parquet")
+        part.to_parquet(path, index=False)
+        out[name] = path
+    return [f for f in files if _date_of(f) != newest] + [out["train"]], [out["val"]]
+
+
+def observed_ctr(paths, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """(clicks, impressions) per model bucket (position_bucket clipped to n_buckets - 1) over the labelled
+    target impressions of the samples: the base rate the heads start from (models.train.fit)."""
+    clicks, shown = np.zeros(n_buckets), np.zeros(n_buckets)
+    for f in list_sample_files(paths):
+        t = pq.read_table(f, columns=["is_target", "event_kind", "label", "position_bucket"]).to_pandas()
+        t = t[t["is_target"].fillna(False).astype(bool) & (t["event_kind"] == "impression") & t["label"].notna()]
+        b = np.clip(t["position_bucket"].fillna(0).to_numpy(np.int64), 0, n_buckets - 1)
+        np.add.at(clicks, b, t["label"].to_numpy(np.float64))
+        np.add.at(shown, b, 1.0)
+    return clicks, shown

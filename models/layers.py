@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 
-import math
 
 import torch
 import torch.nn as nn
@@ -175,21 +174,28 @@ class Block(nn.Module):
 
 
 class BucketHeads(nn.Module):
-    """K position-bucket heads (CADET): logit of a click if the ad lands in bucket k."""
+    """K position-bucket heads (CADET): logit of a click if the ad lands in bucket k.
 
-    def __init__(self, d: int, K: int, prior_ctr: float = 0.05):
+    ``calibration`` is a per-bucket logit shift fitted on held-out data after training
+    (models.train.calibrate); it is part of the weights, so the ONNX graph and every prediction carry it.
+    Training runs with it at zero (fit resets it), so the shift never feeds back into the weights."""
+
+    def __init__(self, d: int, K: int):
         super().__init__()
         self.net = nn.Sequential(RMSNorm(d), nn.Linear(d, d), nn.SiLU(), nn.Linear(d, K))
-        self.prior_ctr = prior_ctr
-        self.reset_prior()
+        self.register_buffer("calibration", torch.zeros(K))
+        self.set_prior(torch.full((K,), 0.5))
 
-    def reset_prior(self) -> None:
-        """Start every head at the base rate. From 0.5, a head's descent speed is set by its traffic, so
-        early in training the busier (higher-CTR) bucket's head predicts *lower* and the ranking inverts."""
-        nn.init.constant_(self.net[-1].bias, math.log(self.prior_ctr / (1.0 - self.prior_ctr)))
+    def set_prior(self, ctr: torch.Tensor) -> None:
+        """Start every head at its bucket's base rate (models.train.fit passes the training window's observed
+        CTR per bucket). From 0.5, a head's descent speed is set by its traffic, so early in training the
+        busier (higher-CTR) bucket's head predicts *lower* and the ranking inverts."""
+        c = ctr.to(self.net[-1].bias).clamp(1e-4, 1 - 1e-4)
+        with torch.no_grad():
+            self.net[-1].bias.copy_(torch.log(c / (1 - c)))
 
     def forward(self, h):
-        return self.net(h)
+        return self.net(h) + self.calibration.to(h.dtype)
 
 
 class AuxHeads(nn.Module):
@@ -233,6 +239,6 @@ def init_weights(module: nn.Module):
                 nn.init.zeros_(m.bias)
     for m in module.modules():
         if isinstance(m, BucketHeads):
-            m.reset_prior()
+            m.set_prior(torch.full_like(m.calibration, 0.5))
         elif isinstance(m, CrossFeatures):
             m.reset_adapter()

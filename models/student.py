@@ -53,8 +53,8 @@ class Student(nn.Module):
         self.cross = CrossFeatures.maybe(cfg.features, b.d_model)
         self.blocks = nn.ModuleList([Block(b) for _ in range(b.n_layers)])
         self.rope = RoPE(cfg.rope, b.d_model // b.n_heads)
-        self.main_head = BucketHeads(b.d_model, b.n_buckets, b.prior_ctr)
-        self.distill_head = BucketHeads(b.d_model, b.n_buckets, b.prior_ctr)
+        self.main_head = BucketHeads(b.d_model, b.n_buckets)
+        self.distill_head = BucketHeads(b.d_model, b.n_buckets)
         self.aux = AuxHeads(b.d_model, b.n_click_types)
         init_weights(self)
         self.last_lengths: list[int] = []  # history tokens per stage (diagnostics)
@@ -128,10 +128,13 @@ class Student(nn.Module):
             res["ctr_distill"] = (ctr_loss_sum(out["distill_logits"], tg["bucket"], tg["label"]), n, 1.0)
             p_t = tg["teacher_p"]
             has = ~torch.isnan(p_t)
-            z = gather_bucket(out["distill_logits"], tg["bucket"]).float()[has]
-            pt = p_t[has].clamp(1e-6, 1 - 1e-6)
-            # KD = KL(teacher || student) for a Bernoulli = soft-label BCE minus the teacher's entropy
-            kd = F.binary_cross_entropy_with_logits(z, pt, reduction="sum") - F.binary_cross_entropy(pt, pt, reduction="sum")
+            T = float(self.cfg.kd_temperature)
+            z = gather_bucket(out["distill_logits"], tg["bucket"]).float()[has] / T
+            pt = torch.sigmoid(torch.logit(p_t[has].clamp(1e-6, 1 - 1e-6)) / T).clamp(1e-6, 1 - 1e-6)
+            # KD = KL(teacher || student) for a Bernoulli = soft-label BCE minus the teacher's entropy, on logits
+            # divided by T and scaled by T^2 (Hinton et al.) so its gradient keeps its size
+            kd = (F.binary_cross_entropy_with_logits(z, pt, reduction="sum")
+                  - F.binary_cross_entropy(pt, pt, reduction="sum")) * T * T
             res["kd"] = (kd, has.sum().float(), float(self.cfg.kd_lambda))
             ct, dw, nd = aux_loss_sums(out["click_type"], out["dwell"], tg)
             res["click_type"] = (ct, (tg["label"] > 0.5).sum().float(), b.aux_click_type_weight)

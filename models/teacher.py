@@ -21,7 +21,7 @@ class Teacher(nn.Module):
         self.cross = CrossFeatures.maybe(cfg.features, b.d_model)
         self.blocks = nn.ModuleList([Block(b) for _ in range(b.n_layers)])
         self.rope = RoPE(cfg.rope, b.d_model // b.n_heads)
-        self.heads = BucketHeads(b.d_model, b.n_buckets, b.prior_ctr)
+        self.heads = BucketHeads(b.d_model, b.n_buckets)
         self.aux = AuxHeads(b.d_model, b.n_click_types)
         init_weights(self)
 

@@ -14,6 +14,10 @@ launched with torchrun (gloo on CPU, NCCL on GPU): every rank reads the same det
 of global batches and takes its balanced share; losses are normalised by the *global* counts so
 that N ranks compute exactly the gradient of one process on the same global batch.
 Validation and prediction always run under serving conditions (delay mask on, no aux heads).
+Passes are chosen by the data: with a held-out slice (TrainConfig.holdout: the newest day's latest
+impressions, data.time_holdout) fit scores it after every pass, stops after TrainConfig.patience passes
+without a better AUC, keeps the best pass's weights and fits the served head's per-bucket calibration on
+it. A fresh model's heads start at the training window's observed CTR per bucket.
 """
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .config import StudentConfig, TeacherConfig, TrainConfig, from_dict, to_dict
-from .data import PackedLoader, collate, split_for_ranks
+from .data import PackedLoader, collate, observed_ctr, split_for_ranks, time_holdout
+from .layers import BucketHeads
 from .metrics import Throughput, effective_lengths, peak_memory_bytes, summarize_predictions
 from .student import Student
 from .teacher import Teacher
@@ -118,6 +123,8 @@ class TrainResult:
     val_metrics: dict = field(default_factory=dict)
     throughput: dict = field(default_factory=dict)
     checkpoint: str | None = None
+    best_epoch: int = 0          # the pass whose weights were kept (0: no held-out slice chose one)
+    val_curve: list = field(default_factory=list)  # held-out score after each pass
 
 
 def _param_groups(model: nn.Module, wd: float):
@@ -139,25 +146,84 @@ def _ckpt_path(ckpt_dir: str) -> str:
     return os.path.join(ckpt_dir, "latest.pt")
 
 
+def _heads(model: nn.Module) -> list[BucketHeads]:
+    return [m for m in model.modules() if isinstance(m, BucketHeads)]
+
+
+def served_head(model: nn.Module) -> BucketHeads:
+    """The head whose probabilities predict() returns and the ONNX graph serves."""
+    m = _unwrap(model)
+    return m.main_head if m.kind == "student" else m.heads
+
+
+def _score(pred: pd.DataFrame) -> float:
+    """What picks the pass: held-out AUC (the ranking the gates judge first), or minus the log-loss where the
+    slice has a single class and AUC is undefined."""
+    from .metrics import auc, log_loss
+
+    a = auc(pred["label"].to_numpy(), pred["p"].to_numpy()) if len(pred) else float("nan")
+    return float(a) if math.isfinite(a) else -float(log_loss(pred["label"].to_numpy(), pred["p"].to_numpy()))
+
+
+def calibration_shifts(pred: pd.DataFrame, n_buckets: int, min_clicks: int = 10) -> np.ndarray:
+    """Per-bucket logit shifts that make the mean predicted CTR equal the observed CTR on ``pred`` (held-out
+    predictions: position_bucket, logit, label). A bucket with fewer than ``min_clicks`` clicks takes the
+    shift fitted on all buckets together; no click at all leaves 0."""
+    z_all = pred["logit"].to_numpy(np.float64)
+    y_all = pred["label"].to_numpy(np.float64)
+    b_all = np.clip(pred["position_bucket"].to_numpy(np.int64), 0, n_buckets - 1)
+
+    def shift(z, y):
+        if y.sum() < 1 or y.sum() >= len(y):
+            return 0.0
+        d = 0.0
+        for _ in range(50):  # Newton on sum(sigmoid(z + d)) = sum(y): monotone, converges in a few steps
+            p = 1.0 / (1.0 + np.exp(-(z + d)))
+            step = (p.sum() - y.sum()) / max((p * (1 - p)).sum(), 1e-9)
+            d = float(np.clip(d - step, -10.0, 10.0))
+            if abs(step) < 1e-7:
+                break
+        return d
+
+    pooled = shift(z_all, y_all)
+    return np.array([shift(z_all[b_all == k], y_all[b_all == k]) if y_all[b_all == k].sum() >= min_clicks else pooled
+                     for k in range(n_buckets)])
+
+
 def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teacher_probs=None, val_paths=None,
-        ckpt_dir: str | None = None, resume: bool = True, log_fn=None) -> TrainResult:
-    """Trains `model` (Teacher or Student) on the samples; see module doc."""
+        ckpt_dir: str | None = None, resume: bool = True, log_fn=None, base_rate_prior: bool = True) -> TrainResult:
+    """Trains `model` (Teacher or Student) on the samples; see module doc. ``base_rate_prior``: start the
+    heads at the training samples' observed CTR per bucket (a fresh model; a warm start keeps its own).
+    With ``val_paths`` (a held-out, later slice) the slice picks the pass: scored after every pass, training
+    stops after ``train.patience`` passes without a better score, the best pass's weights are kept and the
+    served head's per-bucket calibration is fitted on the slice."""
     train = train or TrainConfig()
     device = _device(train)
     rank, world = _dist_setup(device)
     torch.manual_seed(train.seed)
     core = model.to(device)
     kind = core.kind
+    for head in _heads(core):  # training runs uncalibrated; the shift is refitted at the end
+        head.calibration.zero_()
+    if base_rate_prior:
+        clicks, shown = observed_ctr(samples_paths, core.cfg.backbone.n_buckets)
+        if shown.sum() > 0:
+            pooled = clicks.sum() / shown.sum()
+            ctr = np.where(shown > 0, clicks / np.maximum(shown, 1), pooled)
+            for head in _heads(core):
+                head.set_prior(torch.as_tensor(ctr))
     opt = torch.optim.AdamW(_param_groups(core, train.weight_decay), lr=train.lr, betas=train.betas)
     warm = max(1, train.warmup_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
     step, epoch0, skip = 0, 0, 0
+    best: dict = {"score": -math.inf, "epoch": 0, "state": None, "curve": []}
     if ckpt_dir and resume and os.path.exists(_ckpt_path(ckpt_dir)):
         ck = torch.load(_ckpt_path(ckpt_dir), map_location=device, weights_only=True)  # tensors and plain data only
         core.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         sched.load_state_dict(ck["sched"])
         step, epoch0, skip = ck["step"], ck["epoch"], ck["batch_in_epoch"]
+        best = ck.get("best", best)
         torch.set_rng_state(ck["rng"].cpu())
         log.info("resumed from %s at step %d (epoch %d, batch %d)", _ckpt_path(ckpt_dir), step, epoch0, skip)
     net = core
@@ -181,12 +247,23 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
         if ckpt_dir and rank == 0:
             _atomic_save({"model": core.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
                           "epoch": epoch, "batch_in_epoch": bi, "rng": torch.get_rng_state(), "kind": kind,
-                          "config": to_dict(core.cfg)}, _ckpt_path(ckpt_dir))
+                          "config": to_dict(core.cfg), "best": best}, _ckpt_path(ckpt_dir))
         if world > 1:
             dist.barrier()
 
+    def score_pass(passes: int) -> None:
+        """Held-out score of the weights after `passes` passes (a pass cut by max_steps counts as one); every
+        rank scores the same slice with the same weights, so all take the same decision."""
+        score = _score(predict(core, val_paths, device=device, with_labels=True))
+        best["curve"].append(round(score, 4))
+        if score > best["score"]:
+            best.update(score=score, epoch=passes, state={k: v.detach().clone() for k, v in core.state_dict().items()})
+        if rank == 0:
+            (log_fn or log.info)(f"{kind} pass {passes} held-out score {score:.4f} (best: pass {best['epoch']})")
+
     epoch = epoch0
-    while not done and (epoch < train.epochs or step < train.min_steps):
+    while not done and epoch < train.epochs and not (val_paths is not None and best["state"] is not None
+                                                     and epoch - best["epoch"] >= train.patience):
         core.train()
         batches = 0
         for bi, gbatch in enumerate(loader.iter_epoch(epoch)):
@@ -235,44 +312,71 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
                 save_ckpt(epoch, bi + 1)
             if train.max_steps is not None and step >= train.max_steps:
                 done = True
+                if val_paths is not None:
+                    score_pass(epoch + 1)
                 save_ckpt(epoch, bi + 1)
                 break
         else:
             skip = 0
+            if val_paths is not None:
+                score_pass(epoch + 1)
             save_ckpt(epoch + 1, 0)
-        if not batches:  # nothing to train on: more passes cannot reach min_steps
+        if not batches:  # nothing to train on: more passes change nothing
             break
         epoch += 1
     if bar is not None:
         bar.close()
+    if best["state"] is not None:
+        core.load_state_dict(best["state"])
     res = TrainResult(model=core, step=step, history=history, throughput=thr.rates(),
-                      checkpoint=_ckpt_path(ckpt_dir) if ckpt_dir else None)
+                      checkpoint=_ckpt_path(ckpt_dir) if ckpt_dir else None, best_epoch=best["epoch"],
+                      val_curve=list(best["curve"]))
     res.throughput["peak_memory_bytes"] = peak_memory_bytes(device)
-    if val_paths is not None and rank == 0:
-        res.val_metrics = evaluate(core, val_paths, token_budget=train.token_budget, device=device)
+    if val_paths is not None:
+        head = served_head(core)
+        pred = predict(core, val_paths, device=device, with_labels=True)
+        head.calibration.copy_(torch.as_tensor(calibration_shifts(pred, head.calibration.numel())))
+        if rank == 0:
+            res.val_metrics = evaluate(core, val_paths, token_budget=train.token_budget, device=device)
     return res
+
+
+def _fit_with_holdout(model, samples_paths, train: TrainConfig | None, teacher_probs, val_paths, ckpt_dir, resume,
+                      warm: bool) -> TrainResult:
+    """fit() with the held-out slice: ``val_paths`` if given, else (train.holdout > 0) the newest day's latest
+    targets (data.time_holdout), written next to the checkpoint or to a temporary folder."""
+    import tempfile
+
+    train = train or TrainConfig()
+    if val_paths is not None or train.holdout <= 0:
+        return fit(model, samples_paths, train, teacher_probs, val_paths, ckpt_dir, resume, base_rate_prior=not warm)
+    with tempfile.TemporaryDirectory(prefix="genrank-holdout-") as tmp:
+        fit_paths, held_out = time_holdout(samples_paths, train.holdout, tmp)
+        return fit(model, fit_paths, train, teacher_probs, held_out, ckpt_dir, resume, base_rate_prior=not warm)
 
 
 def train_teacher(samples_paths, config: TeacherConfig, train: TrainConfig | None = None, val_paths=None,
                   ckpt_dir: str | None = None, resume: bool = True, init_from=None) -> TrainResult:
-    """Trains the full-token teacher (delay mask on target rows unless config.mask.train_delay=False)."""
+    """Trains the full-token teacher (delay mask on target rows unless config.mask.train_delay=False).
+    With train.holdout > 0 (and no val_paths) the newest day's latest targets choose the pass and calibrate."""
     torch.manual_seed((train or TrainConfig()).seed)  # deterministic initialisation
     model = Teacher(config)
     if init_from is not None:
         _warm_start(model, init_from)
-    return fit(model, samples_paths, train, None, val_paths, ckpt_dir, resume)
+    return _fit_with_holdout(model, samples_paths, train, None, val_paths, ckpt_dir, resume, init_from is not None)
 
 
 def train_student(samples_paths, teacher_probs, config: StudentConfig, train: TrainConfig | None = None,
                   init_from=None, val_paths=None, ckpt_dir: str | None = None, resume: bool = True) -> TrainResult:
     """Trains the student. teacher_probs: DataFrame / Parquet path(s) with impression_id and p (the teacher's
     probability on the impression's real bucket), or None (KD off). init_from: a model, a save_model path or a
-    state dict (warm start from the previous candidate)."""
+    state dict (warm start from the previous candidate). Held-out slice: as train_teacher."""
     torch.manual_seed((train or TrainConfig()).seed)
     model = Student(config)
     if init_from is not None:
         _warm_start(model, init_from)
-    return fit(model, samples_paths, train, teacher_probs, val_paths, ckpt_dir, resume)
+    return _fit_with_holdout(model, samples_paths, train, teacher_probs, val_paths, ckpt_dir, resume,
+                             init_from is not None)
 
 
 def _warm_start(model: nn.Module, init_from):

@@ -125,7 +125,7 @@ def test_a_killed_training_run_resumes_and_leaves_nothing_behind(pipeline_run):
     r = reg.default_registry(home)
     day = report.days[3]
     before = len(r.client.search_model_versions(f"name = '{reg.CTR}'"))
-    config = {"force": True, "epochs": 400, "warm_epochs": 400, "max_steps": 140, "ckpt_every": 20}
+    config = {"force": True, "epochs": 400, "warm_epochs": 400, "patience": 400, "max_steps": 140, "ckpt_every": 20}
     script = (
         "import dagster as dg\n"
         "from assets import training\n"

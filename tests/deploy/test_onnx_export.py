@@ -104,6 +104,21 @@ def test_candidates_never_see_each_other(exported):
         np.testing.assert_allclose(scorer.score_tokens(alone)[0], together[i], atol=1e-6)
 
 
+def test_the_per_bucket_calibration_travels_in_the_graph(tmp_path):
+    """The calibration fitted after training (a per-bucket logit shift in the served head) is in the weights,
+    so the exported graph serves calibrated probabilities: the same as torch, and shifted by exactly it."""
+    m = _student("time")
+    tokens = _request(m, 3, 200, 20, 1.0)
+    raw = torch_probs(m, tokens)
+    shift = torch.tensor([0.7, -0.4])
+    m.main_head.calibration.copy_(shift)
+    scorer = OnnxScorer(export_onnx(m, tmp_path / "model.onnx"), threads=1)
+    got = scorer.score_tokens(tokens)
+    np.testing.assert_allclose(got, torch_probs(m, tokens), atol=PARITY_TOLERANCE)
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
+    np.testing.assert_allclose(logit(got) - logit(raw), np.broadcast_to(shift.numpy(), raw.shape), atol=1e-3)
+
+
 def test_a_user_without_history_scores_cold(exported):
     m, scorer = exported
     tokens = _request(m, 5, 0, 12, 0.0)

@@ -6,11 +6,14 @@ import torch
 
 from mt_util import tiny_student, tiny_teacher
 from models.config import TrainConfig
-from models.data import PackedLoader, collate, hash_ids, iter_file_samples, iter_samples, list_sample_files
+from models.data import (PackedLoader, collate, hash_ids, iter_file_samples, iter_samples, list_sample_files,
+                         observed_ctr, time_holdout)
 from models.masks import segment_cummax, seq_index
 from models.student import Student
 from models.teacher import Teacher
-from models.train import evaluate, load_model, predict, save_model, train_student, train_teacher
+from models.metrics import auc
+from models.train import (calibration_shifts, evaluate, load_model, predict, save_model, served_head, train_student,
+                          train_teacher)
 
 
 # ----------------------------------------------------------------------------- data
@@ -107,16 +110,86 @@ def test_gradients_finite_and_reach_every_parameter(samples_dir, kind):
         assert torch.isfinite(p.grad).all(), n
 
 
-def test_min_steps_adds_whole_passes_until_reached_and_max_steps_still_caps(samples_dir):
-    per_pass = train_student(samples_dir, None, tiny_student(), _tc(token_budget=300, epochs=1)).step
-    floor = 2 * per_pass + 1
-    res = train_student(samples_dir, None, tiny_student(), _tc(token_budget=300, epochs=1, min_steps=floor))
-    passes = sorted({h["epoch"] for h in res.history})
-    assert passes == [0, 1, 2]  # two passes fall short, the third reaches the floor and is finished
-    assert sum(h["epoch"] < 2 for h in res.history) < floor <= res.step
-    capped = train_student(samples_dir, None, tiny_student(),
-                           _tc(token_budget=300, epochs=1, min_steps=10 * per_pass, max_steps=per_pass + 2))
-    assert capped.step == per_pass + 2
+def test_time_holdout_splits_the_newest_day_by_time(samples_dir, tmp_path):
+    days = sorted(list_sample_files(samples_dir))
+    fit_paths, val_paths = time_holdout(samples_dir, 0.3, str(tmp_path))
+    assert fit_paths[0] == days[0] and "date=" in fit_paths[-1] and len(fit_paths) == len(days)
+    newest, train, val = (pd.read_parquet(p) for p in (days[-1], fit_paths[-1], val_paths[0]))
+    targets = newest[newest["is_target"] & (newest["event_kind"] == "impression")]
+    cut = val.loc[val["is_target"], "ts_ms"].min()
+    assert train["ts_ms"].max() < cut                       # nothing at or after the cut is trained on
+    assert set(train.loc[train["is_target"], "impression_id"]) | set(val.loc[val["is_target"], "impression_id"]) \
+        == set(targets["impression_id"])                    # every target lands on exactly one side
+    assert 0.2 < val["is_target"].sum() / len(targets) < 0.4
+    # in the held-out copy the day's earlier impressions are labelled history, as on a next day
+    earlier = val[(val["event_kind"] == "impression") & (val["ts_ms"] < cut) & val["label"].notna()]
+    assert len(earlier) and not earlier["is_target"].any()
+
+
+def test_the_held_out_slice_picks_the_pass_and_the_best_weights_are_kept(samples_dir, tmp_path):
+    fit_paths, val_paths = time_holdout(samples_dir, 0.3, str(tmp_path))
+    res = train_student(fit_paths, None, tiny_student(), _tc(token_budget=300, epochs=8, patience=2),
+                        val_paths=val_paths)
+    curve = res.val_curve
+    assert 1 <= len(curve) <= 8 and res.best_epoch == int(np.argmax(curve)) + 1
+    assert len(curve) == 8 or len(curve) == res.best_epoch + 2   # stopped after `patience` passes without a better one
+    assert sorted({h["epoch"] for h in res.history}) == list(range(len(curve)))
+    served_head(res.model).calibration.zero_()                   # the kept weights score as the best pass did
+    pred = predict(res.model, val_paths, with_labels=True)
+    assert auc(pred["label"], pred["p"]) == pytest.approx(max(curve), abs=1e-4)
+
+
+def _relabelled(src: str, dst, ctr: float, seed: int = 0) -> str:
+    """The samples with every label drawn again at rate ``ctr`` (a world with another base rate)."""
+    rng = np.random.default_rng(seed)
+    for f in list_sample_files(src):
+        df = pd.read_parquet(f)
+        imp = df["event_kind"] == "impression"
+        df.loc[imp, "label"] = (rng.random(int(imp.sum())) < ctr).astype(np.int8)
+        out = dst / f.split("/")[-2]
+        out.mkdir(parents=True)
+        df.to_parquet(out / "part-0.parquet", index=False)
+    return str(dst)
+
+
+@pytest.mark.parametrize("ctr", [0.03, 0.5])
+def test_heads_start_at_the_training_windows_observed_ctr_per_bucket(samples_dir, tmp_path, ctr):
+    root = _relabelled(samples_dir, tmp_path / "relabelled", ctr)
+    res = train_student(root, None, tiny_student(), _tc(max_steps=0))
+    pred = predict(res.model, root, with_labels=True)
+    clicks, shown = observed_ctr(root, 2)
+    for k in (0, 1):
+        assert pred.loc[pred["position_bucket"] == k, "p"].mean() == pytest.approx(clicks[k] / shown[k], rel=0.1)
+
+
+def test_a_half_clicked_world_trains_calibrated_on_the_next_day(tmp_path):
+    """Any base rate: on a world where about half the impressions are clicked, the per-bucket predicted /
+    observed CTR on the day after training stays near 1 (the prior and the calibration come from the data)."""
+    from models.metrics import summarize_predictions
+    from models.synthetic import write_training_samples
+
+    write_training_samples(str(tmp_path), n_days=3, n_users=120, noise=0.1, seed=11)
+    days = list_sample_files(str(tmp_path))
+    res = train_student(days[:2], None, tiny_student(), _tc(token_budget=2048, epochs=6, holdout=0.3))
+    pred = predict(res.model, days[2], with_labels=True)
+    m = summarize_predictions(pred)
+    assert 0.4 < m["ctr"] < 0.7
+    for k in (0, 1):
+        assert 0.9 <= m[f"bucket{k}_calibration"] <= 1.1, m
+
+
+def test_calibration_shifts_match_the_observed_rate_per_bucket():
+    rng = np.random.default_rng(0)
+    z = rng.normal(-1.0, 1.0, 4000)
+    bucket = np.repeat([0, 1, 2], [2000, 1990, 10])
+    y = (rng.random(4000) < 1 / (1 + np.exp(-(z + np.where(bucket == 0, 0.7, -0.4))))).astype(float)
+    pred = pd.DataFrame({"logit": z, "label": y, "position_bucket": bucket})
+    d = calibration_shifts(pred, 3, min_clicks=10)
+    for k in (0, 1):
+        m = bucket == k
+        assert (1 / (1 + np.exp(-(z[m] + d[k])))).mean() == pytest.approx(y[m].mean(), rel=1e-4)
+    assert abs(d[0] - 0.7) < 0.15 and abs(d[1] + 0.4) < 0.15
+    assert d[2] == pytest.approx(calibration_shifts(pred.assign(position_bucket=0), 1)[0])  # too few clicks: pooled
 
 
 @pytest.mark.parametrize("kind", ["teacher", "student"])
