@@ -252,6 +252,26 @@ def test_main_head_gradient_ignores_teacher_probabilities(samples_dir):
     assert any(not torch.allclose(g1[n], g2[n]) for n in g1 if n.startswith("distill_head"))
 
 
+@pytest.mark.parametrize("T", [1.0, 2.5])
+def test_kd_is_the_bernoulli_kl_on_logits_divided_by_the_temperature(samples_dir, T):
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_student(), kd_temperature=T)
+    model = Student(cfg)
+    b = collate(next(iter(PackedLoader(samples_dir, "student", cfg, 300, seed=0))))
+    tg = b.target_tensors("cpu")
+    tg["teacher_p"] = torch.linspace(0.02, 0.9, len(tg["teacher_p"]))
+    with torch.no_grad():
+        out = model(b, serving=False)
+        kd, n, w = model.loss_sums(out, tg)["kd"]
+        zs = out["distill_logits"].gather(1, tg["bucket"].long().clamp(0, 1)[:, None]).squeeze(1) / T
+        zt = torch.logit(tg["teacher_p"]) / T
+        ps, pt = torch.sigmoid(zs), torch.sigmoid(zt)
+        kl = pt * torch.log(pt / ps) + (1 - pt) * torch.log((1 - pt) / (1 - ps))
+    assert w == cfg.kd_lambda and int(n) == len(pt)
+    assert float(kd) == pytest.approx(float(T * T * kl.sum()), rel=1e-4)
+
+
 # ----------------------------------------------------------------------------- leakage (end to end)
 
 def test_teacher_target_never_depends_on_events_inside_the_delay(samples_dir):
