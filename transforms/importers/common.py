@@ -356,6 +356,15 @@ class Accounting:
         """Record that ``total`` source units are all either landed or dropped (``accounted``)."""
         self.units.append((what, total, accounted))
 
+    def kept(self, file: str) -> int:
+        """Source rows of ``file`` not dropped: the lines they must land as."""
+        return self.source_rows[file] - self.dropped_for(file)
+
+    def balance_rows(self, file: str, landed_as: str, landed: int) -> None:
+        """Record that every source row of ``file`` landed (as one of ``landed`` ``landed_as``) or was dropped."""
+        self.balance(f"{file} rows = {landed_as} landed + rows dropped", self.source_rows[file],
+                     landed + self.dropped_for(file))
+
 
 def finish(
     dataset: str,

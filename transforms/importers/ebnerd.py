@@ -290,14 +290,10 @@ def import_ebnerd(
                 })
                 landed_reads += 1
 
-    acc.expected["impressions"] = acc.source_rows[inview_key] - acc.dropped_for(inview_key)
-    acc.expected["clicks"] = acc.source_rows[clicked_key] - acc.dropped_for(clicked_key)
-    acc.expected["behaviors"] = acc.source_rows[reads_key] - acc.dropped_for(reads_key)
-    acc.balance(f"{B} rows = rows landed + rows dropped", len(rows), landed_rows + acc.dropped_for(B))
-    acc.balance(f"{clicked_key} = clicks landed + dropped", acc.source_rows[clicked_key],
-                landed_clicks + acc.dropped_for(clicked_key))
-    acc.balance(f"{reads_key} = behaviors landed + dropped", acc.source_rows[reads_key],
-                landed_reads + acc.dropped_for(reads_key))
+    acc.expected.update(impressions=acc.kept(inview_key), clicks=acc.kept(clicked_key), behaviors=acc.kept(reads_key))
+    acc.balance_rows(B, "rows", landed_rows)
+    acc.balance_rows(clicked_key, "clicks", landed_clicks)
+    acc.balance_rows(reads_key, "behaviors", landed_reads)
     acc.notes.append(f"read {B} and {H} ({b_fmt}/{h_fmt}); naive times read as UTC")
     if odd_devices:
         acc.notes.append(f"{odd_devices} requests with a missing or unknown device_type landed as device '{DEFAULT_DEVICE}'")

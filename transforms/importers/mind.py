@@ -189,12 +189,9 @@ def import_mind(
             })
             landed_history += 1
 
-    acc.expected["impressions"] = acc.source_rows[EXPOSURES] - acc.dropped_for(EXPOSURES)
-    acc.expected["clicks"] = acc.source_rows[LABELLED] - acc.dropped_for(LABELLED)
-    acc.expected["behaviors"] = acc.source_rows[HISTORY] - acc.dropped_for(HISTORY)
-    acc.balance(f"{BEHAVIORS} rows = rows landed + rows dropped", len(rows), landed_rows + acc.dropped_for(BEHAVIORS))
-    acc.balance(f"{HISTORY} = behaviors landed + items dropped", acc.source_rows[HISTORY],
-                landed_history + acc.dropped_for(HISTORY))
+    acc.expected.update(impressions=acc.kept(EXPOSURES), clicks=acc.kept(LABELLED), behaviors=acc.kept(HISTORY))
+    acc.balance_rows(BEHAVIORS, "rows", landed_rows)
+    acc.balance_rows(HISTORY, "behaviors", landed_history)
     covered = sum(1 for r in rows for n_id, _ in r[5] if n_id in news)
     acc.notes.append(
         f"news.tsv gives a category for {covered:,} of {acc.source_rows[EXPOSURES]:,} exposures; the rest are 'unknown'"

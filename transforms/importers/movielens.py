@@ -138,12 +138,9 @@ def import_movielens(
             })
             kept_clicks += 1
 
-    total = acc.source_rows[RATINGS]
-    acc.expected["impressions"] = total - acc.dropped_for(RATINGS)
-    acc.expected["clicks"] = acc.source_rows[CLICKS] - acc.dropped_for(CLICKS)
-    acc.balance(f"{RATINGS} rows = impressions landed + rows dropped", total, kept + acc.dropped_for(RATINGS))
-    acc.balance(f"{CLICKS} = clicks landed + rows dropped", acc.source_rows[CLICKS],
-                kept_clicks + acc.dropped_for(CLICKS))
+    acc.expected.update(impressions=acc.kept(RATINGS), clicks=acc.kept(CLICKS))
+    acc.balance_rows(RATINGS, "impressions", kept)
+    acc.balance_rows(CLICKS, "clicks", kept_clicks)
     if unknown_movies:
         acc.notes.append(f"{unknown_movies} ratings of movies absent from {MOVIES}: category/brand 'unknown'")
     if any(n > 1 for n in seen.values()):

@@ -161,9 +161,9 @@ def import_obd(
                     "impression_id": impression_id, "request_id": request_id, "user_id": user, "ad_id": ad_id,
                     "ts_ms": click_ts(ts), "click_type": "view_details", "dwell_ms": None,
                 })
-        acc.balance(f"{rel} rows = impressions landed + rows dropped", len(rows), landed + acc.dropped_for(rel))
-        acc.expected["impressions"] += len(rows) - acc.dropped_for(rel)
-        acc.expected["clicks"] += acc.source_rows[clicks_key] - acc.dropped_for(clicks_key)
+        acc.balance_rows(rel, "impressions", landed)
+        acc.expected["impressions"] += acc.kept(rel)
+        acc.expected["clicks"] += acc.kept(clicks_key)
 
     n_users = len({r[5] for _, _, rows, _ in logs for r in rows})
     acc.notes.append(f"{n_users} pseudo users (distinct user-feature tuples) over {len(campaigns)} campaign file(s)")
