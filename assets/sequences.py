@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import dagster as dg
 from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_assets
 
+from models.config import BackboneConfig
 from pipelines.partitions import daily_partitions, run_partition_days
 from pipelines.resources import GenrankPaths
 from quality.framework import to_check_result
@@ -23,7 +24,12 @@ from quality.training_samples import TRAINING_SAMPLES_CHECKS, validate_training_
 from transforms import sequences
 
 dbt_project = DbtProject(project_dir=sequences.DBT_PROJECT_DIR, profiles_dir=sequences.DBT_PROJECT_DIR)
-MANIFEST = sequences.ensure_manifest()
+# Parsed before the code location loads (`make setup`, the `genrank` commands, the test session):
+# loading it runs no dbt.
+MANIFEST = dbt_project.manifest_path
+if not MANIFEST.exists():
+    raise FileNotFoundError(f"{MANIFEST} is missing: run `make setup` (it parses the dbt project) or "
+                            "`python -c 'from transforms.sequences import ensure_manifest; ensure_manifest()'`")
 
 
 class SequenceTranslator(DagsterDbtTranslator):
@@ -42,10 +48,11 @@ def dbt_resource() -> DbtCliResource:
 
 
 class SequenceBuildConfig(dg.Config):
-    """Knobs of the sequence build; defaults match transforms/dbt/dbt_project.yml."""
+    """Knobs of the sequence build; dbt_project.yml's vars hold the same defaults for bare dbt runs
+    (tests/test_contracts.py checks they agree)."""
 
     max_seq_len: int = 4096              # events kept per user (TM20K keeps 20K; 4K fits a 2-core CPU)
-    n_position_buckets: int = 2          # K position buckets (CADET: 2)
+    n_position_buckets: int = BackboneConfig.n_buckets   # K position buckets: the models' heads (CADET: 2)
     position_ctr_window_days: int = 14   # trailing window of the historical position CTR
 
 

@@ -59,6 +59,18 @@ def local_dagster_home(home: Path) -> Path:
     return dagster_home
 
 
+def prepare_code_location(home: Path) -> None:
+    """What the code location needs before it loads, prepared by the command so that loading it scans
+    no landing zone and runs no subprocess: GENRANK_START_DATE pinned to the first complete landing day
+    when unset, and dbt's manifest parsed when missing or stale."""
+    from transforms.sequences import ensure_manifest
+
+    days = landing.complete_days(home)
+    if days and not os.environ.get("GENRANK_START_DATE"):
+        os.environ["GENRANK_START_DATE"] = days[0]
+    ensure_manifest()
+
+
 def prepare_instance(home: Path):
     """The persistent Dagster instance under GENRANK_HOME (unless DAGSTER_HOME is set)."""
     import dagster as dg
@@ -131,6 +143,7 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
                          "run `genrank simulate` or `genrank import` first")
     with RunConsole(home, verbose) as console:
         instance = prepare_instance(home)
+        prepare_code_location(home)
         from pipelines.definitions import defs
 
         run_config = {"loggers": {"console": {"config": {"log_level": "INFO" if verbose else "WARNING"}}},

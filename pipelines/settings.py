@@ -24,7 +24,7 @@ def genrank_home() -> Path:
 # name -> (default, meaning). tests/test_settings.py checks that the README's configuration table lists each.
 VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_HOME": ("./.genrank", "root of all data: landing/, lake/, warehouse.duckdb, mlflow.db, mlartifacts/, dagster_home/"),
-    "GENRANK_START_DATE": ("first landing day found, else 2026-01-01", "first daily partition"),
+    "GENRANK_START_DATE": ("2026-01-01; `genrank run`, `demo` and `ui` set it to the first complete landing day", "first daily partition (read when the code location loads)"),
     "GENRANK_SPARK_MASTER": ("local[*]", "spark.master for the events job (any cluster URL works)"),
     "GENRANK_SPARK_DRIVER_MEMORY": ("2g", "spark.driver.memory"),
     "GENRANK_ATTRIBUTION_WINDOW_MIN": ("60", "minutes after an impression within which a click is attributed to it"),
@@ -32,6 +32,9 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_TORCH_THREADS": ("1", "torch intra-op threads for training and evaluation (more thrash on shared cores)"),
     "GENRANK_LATENCY_BUDGET_MS": ("50", "promotion gate: p99 scoring time of one request (CADET: p99 < 50 ms)"),
     "GENRANK_SENSOR_INTERVAL_S": ("30", "seconds between two evaluations of the landing sensor (it starts at most one daily run per evaluation)"),
+    # read by models.kernels itself (the library's dispatch), not by the pipeline
+    "GENRANK_ATTN_BACKEND": ("auto", "interval-attention kernel: `auto` (Triton on CUDA, else the torch reference), `reference`, `prefix` or `triton`"),
+    "GENRANK_TRITON_BLOCKS": ("(empty: 64,64,4)", "Triton kernel blocks `BM,BN,WARPS` on CUDA (benchmarking only)"),
     "MLFLOW_TRACKING_URI": ("sqlite:///$GENRANK_HOME/mlflow.db", "MLflow tracking and registry store"),
     "GENRANK_ONLINE_STORE": ("(empty: LMDB under $GENRANK_HOME/online_store)", "the online sequence store the `online_sequences` asset writes and `genrank serve` reads: empty for the embedded LMDB store, or a `redis://host:port/db` URL"),
     "GENRANK_SERVE_POLL_S": ("15", "`genrank serve`: seconds between checks of the champion alias and the sequence store"),
@@ -48,6 +51,13 @@ VARIABLES: dict[str, tuple[str, str]] = {
 # deploy.stack.Ports, in its field order
 STACK_PORTS = ("GENRANK_STACK_POSTGRES_PORT", "GENRANK_STACK_MLFLOW_PORT", "GENRANK_STACK_SPARK_PORT",
                "GENRANK_STACK_DAGSTER_PORT")
+
+
+def start_date() -> str:
+    """GENRANK_START_DATE: the first daily partition. Loading the code location reads only this variable
+    (no landing zone is scanned at import); the `genrank` commands that load it pin it to the first
+    complete landing day when unset (pipelines.runner.prepare_code_location)."""
+    return env("GENRANK_START_DATE", "2026-01-01")
 
 
 def online_store() -> str:

@@ -17,6 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def pytest_configure(config):
+    """dbt's manifest, current before any test loads the code location (which never parses it)."""
+    from transforms.sequences import ensure_manifest
+
+    ensure_manifest()
+
+
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory):
     """The `tiny` preset, seed 0, simulated once: (root, SimulationReport)."""
