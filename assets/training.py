@@ -355,7 +355,8 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
                       "and the cached teacher probabilities; registered as genrank-ctr with alias 'challenger'.")
 def student_candidate(context: dg.AssetExecutionContext, config: StudentTrainingConfig, paths: GenrankPaths,
                       mlflow: MlflowResource) -> dg.MaterializeResult:
-    from models import load_model, predict, save_model, train_student
+    from models import load_model, predict, save_model
+    from models.distributed import train_student_procs
 
     day = context.partition_key
     samples = _samples(paths, day)
@@ -385,8 +386,8 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
         epochs = config.warm_epochs if init is not None else config.epochs
         train_cfg = dataclasses.replace(train_config(config), epochs=epochs)
-        result = train_student(str(train_samples), logits[["impression_id", "p"]], student_cfg, train_cfg,
-                               init_from=init, ckpt_dir=str(ckpt_dir), resume=True)
+        result = train_student_procs(settings.train_procs(), str(train_samples), logits[["impression_id", "p"]],
+                                     student_cfg, train_cfg, init_from=init, ckpt_dir=str(ckpt_dir))
         seconds = time.perf_counter() - started
         ckpt = Path(save_model(result.model, str(tmp / "student.safetensors"), metadata={"partition": day}))
         bundle = write_bundle(result.model, tmp / "serving")  # its parity is a gate of the next day's run

@@ -270,9 +270,11 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
             batches += 1
             if epoch == epoch0 and bi < skip:
                 continue
-            if len(gbatch) < world:  # cannot give every rank a sample (last batch): drop
-                continue
+            # A rank left without a sample (a global batch of fewer samples than ranks) runs the first one with
+            # weight 0: every rank joins the gradient all-reduce and the step is the one of a single process.
             mine = split_for_ranks(gbatch, world)[rank]
+            weight = 1.0 if mine else 0.0
+            mine = mine or gbatch[:1]
             counts = _global_counts(core, gbatch, device)
             batch = collate(mine).to(device)
             tg = batch.target_tensors(device)
@@ -286,12 +288,12 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
                 loss = loss + w * s / c
                 parts[name] = s.detach() / c
             opt.zero_grad(set_to_none=True)
-            (loss * world).backward()  # DDP averages over ranks -> gradient of the global objective
+            (loss * (world * weight)).backward()  # DDP averages over ranks -> gradient of the global objective
             gnorm = torch.nn.utils.clip_grad_norm_(core.parameters(), train.grad_clip)
             opt.step()
             sched.step()
             step += 1
-            vals = torch.stack([loss.detach().float()] + [v.float() for v in parts.values()])
+            vals = weight * torch.stack([loss.detach().float()] + [v.float() for v in parts.values()])
             if world > 1:
                 dist.all_reduce(vals)
             rec = {"step": step, "epoch": epoch, "loss": float(vals[0]), "grad_norm": float(gnorm),
