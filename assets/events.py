@@ -34,10 +34,7 @@ from transforms import landing
 from transforms.landing_watch import day_fingerprint
 from transforms.spark.events import run_events_job
 
-try:  # the lead's definition of the external upstream
-    from assets.raw_logs import raw_logs
-except ImportError:  # pragma: no cover - only before assets/raw_logs.py exists
-    raw_logs = dg.AssetSpec("raw_logs", partitions_def=daily_partitions, group_name="ingest")
+from assets.raw_logs import raw_logs
 
 RAW_LOGS_MAPPING = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=1,
                                                  allow_nonexistent_upstream_partitions=True)
@@ -69,14 +66,6 @@ class EventsConfig(dg.Config):
                                 volume_drop_max=self.volume_drop_max, trailing_days=self.trailing_days)
 
 
-def next_day_decision(day: str, next_complete: bool, now: dt.datetime, grace_hours: float) -> str:
-    """'use' D+1, 'skip' it (grace period over), or 'wait' for it."""
-    if next_complete:
-        return "use"
-    due = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc) + dt.timedelta(days=2)
-    return "skip" if now >= due + dt.timedelta(hours=grace_hours) else "wait"
-
-
 @dg.asset(
     partitions_def=daily_partitions,
     group_name="ingest",
@@ -92,9 +81,9 @@ def next_day_decision(day: str, next_complete: bool, now: dt.datetime, grace_hou
 def events(context: dg.AssetExecutionContext, config: EventsConfig, spark: SparkResource,
            paths: GenrankPaths) -> dg.MaterializeResult:
     day = context.partition_key
-    next_day = (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
-    next_complete = (landing.day_dir(paths.root, next_day) / landing.SUCCESS_MARKER).exists()
-    decision = next_day_decision(day, next_complete, dt.datetime.now(dt.timezone.utc), config.late_grace_hours)
+    next_day = landing.shift_day(day, 1)
+    decision = landing.next_day_decision(day, landing.is_complete(paths.root, next_day),
+                                         dt.datetime.now(dt.timezone.utc), config.late_grace_hours)
     if decision == "wait":
         raise dg.Failure(
             description=(f"events {day}: waiting for landing {next_day} (late clicks of {day}'s impressions); "

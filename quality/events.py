@@ -46,17 +46,8 @@ from typing import Any, Mapping
 
 from quality.framework import (CheckDef, CheckOutcome, DatasetChecks, existing_partitions, partition_schema,
                                python_outcome, read_partition, validate_frame)
-from transforms.landing import SURFACE_SLOTS
-
-DAY_MS = 86_400_000
-
-EVENT_ARROW_TYPES: dict[str, str] = {
-    "event_kind": "string", "user_id": "string", "ts_ms": "int64", "request_id": "string",
-    "impression_id": "string", "item_id": "string", "ad_id": "string", "campaign_id": "string",
-    "advertiser_id": "string", "category_id": "string", "brand_id": "string", "position": "int32",
-    "surface": "string", "device": "string", "action": "string", "label": "int32", "click_type": "string",
-    "dwell_ms": "int64", "click_ts_ms": "int64",
-}
+from transforms.contracts import EVENT_COLUMNS
+from transforms.landing import DAY_MS, SURFACE_SLOTS
 
 EVENTS_CHECKS = DatasetChecks("events", (
     CheckDef("events_not_empty", "at least one event accepted for the day (names the quarantine reasons when not)"),
@@ -150,7 +141,7 @@ def _gx_expectations(day: str, th: EventsThresholds, trailing: Trailing, n_impre
     start = int(dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
     exps: dict[str, list] = {
         "events_not_empty": [E.ExpectTableRowCountToBeBetween(min_value=1)],
-        "events_schema": [E.ExpectTableColumnsToMatchSet(column_set=list(EVENT_ARROW_TYPES), exact_match=True)],
+        "events_schema": [E.ExpectTableColumnsToMatchSet(column_set=list(EVENT_COLUMNS), exact_match=True)],
         "events_keys_not_null": (
             [E.ExpectColumnValuesToNotBeNull(column=c) for c in ("event_kind", "user_id", "ts_ms", "item_id")]
             + [E.ExpectColumnValuesToBeInSet(column="event_kind", value_set=["impression", "behavior"])]
@@ -245,7 +236,7 @@ def validate_events(
 
     # Arrow types of the file itself (GX sees pandas dtypes only).
     schema = partition_schema(path)
-    wrong = {c: {"expected": t, "found": schema.get(c)} for c, t in EVENT_ARROW_TYPES.items() if schema.get(c) != t}
+    wrong = {c: {"expected": t, "found": schema.get(c)} for c, t in EVENT_COLUMNS.items() if schema.get(c) != t}
     if wrong:
         o = outcomes["events_schema"]
         o.passed = False

@@ -1,4 +1,4 @@
-"""Whole-directory atomic writes: a partition is either the old version or the new one, never half.
+"""Atomic writes: a partition (or a file) is either the old version or the new one, never half.
 
 A writer fills a hidden staging directory beside the target; on success the old directory is moved
 aside, the staging directory renamed into place and the old one deleted. A crash leaves the old
@@ -8,6 +8,7 @@ rename within one filesystem (local disk, HDFS-like stores).
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from contextlib import contextmanager
@@ -38,3 +39,17 @@ def staged_dir(final: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     replace_dir(staging, final)
+
+
+@contextmanager
+def staged_file(final: Path) -> Iterator[Path]:
+    """Yield a hidden path beside ``final`` to write; it replaces ``final`` when the block succeeds."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield staging
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+    os.replace(staging, final)

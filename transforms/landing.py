@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from transforms.atomic import staged_dir
+from transforms.atomic import staged_dir, staged_file
 
 FILE_KINDS = ("impressions", "clicks", "behaviors")
 
@@ -131,6 +131,26 @@ def write_day(root: str | os.PathLike, day: dt.date | str, lines: dict[str, Iter
     return final
 
 
+def shift_day(day: str, days: int) -> str:
+    """The ISO date ``days`` after (or before) ``day``."""
+    return (dt.date.fromisoformat(day) + dt.timedelta(days=days)).isoformat()
+
+
+def is_complete(root: str | os.PathLike, day: dt.date | str) -> bool:
+    """A landing day is complete once its ``_SUCCESS`` marker is in place (a writer renames it in whole)."""
+    return (day_dir(root, day) / SUCCESS_MARKER).exists()
+
+
+def next_day_decision(day: str, next_complete: bool, now: dt.datetime, grace_hours: float) -> str:
+    """Whether day D's events 'use' D+1's clicks, 'skip' them (D+1 is still incomplete ``grace_hours``
+    after it ended: D runs without its late clicks), or 'wait' for them. The one rule the events asset,
+    the landing sensor and `genrank status` apply."""
+    if next_complete:
+        return "use"
+    due = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc) + dt.timedelta(days=2)
+    return "skip" if now >= due + dt.timedelta(hours=grace_hours) else "wait"
+
+
 def complete_days(root: str | os.PathLike) -> list[str]:
     """ISO dates of landing days carrying a ``_SUCCESS`` marker, sorted."""
     base = Path(root) / "landing"
@@ -138,7 +158,7 @@ def complete_days(root: str | os.PathLike) -> list[str]:
         return []
     days = []
     for p in base.iterdir():
-        if p.is_dir() and p.name.startswith("date=") and (p / SUCCESS_MARKER).exists():
+        if p.is_dir() and p.name.startswith("date=") and is_complete(root, p.name.removeprefix("date=")):
             days.append(p.name.removeprefix("date="))
     return sorted(days)
 
@@ -258,10 +278,8 @@ def quarantine_file(root: str | os.PathLike, file: str | os.PathLike, reason: st
              "quarantined_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
              "moved_to": str(dest.relative_to(root))}
     ledger = quarantine_ledger_path(root)
-    ledger.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ledger.with_name(f".tmp-{ledger.name}-{uuid.uuid4().hex[:8]}")
-    tmp.write_text((ledger.read_text() if ledger.exists() else "") + json.dumps(entry, sort_keys=True) + "\n")
-    tmp.replace(ledger)
+    with staged_file(ledger) as tmp:
+        tmp.write_text((ledger.read_text() if ledger.exists() else "") + json.dumps(entry, sort_keys=True) + "\n")
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(src), str(dest))
     return entry

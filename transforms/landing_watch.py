@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from transforms.landing import SUCCESS_MARKER, day_dir
+from transforms.landing import SUCCESS_MARKER, day_dir, shift_day
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def day_fingerprint(root: str | os.PathLike, day: str, include_next: bool) -> st
     """A short digest of what events(day) reads: the day's files and ``_SUCCESS`` and, when the run uses
     it, D+1's (late clicks label D's impressions). Any added, removed or replaced file changes it."""
     digest = hashlib.sha256()
-    days = [day, (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()] if include_next else [day]
+    days = [day, shift_day(day, 1)] if include_next else [day]
     for d in days:
         folder = day_dir(root, d)
         digest.update(f"{d}\n".encode())

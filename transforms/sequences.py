@@ -30,18 +30,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from transforms.atomic import staged_dir
+from transforms.contracts import EVENT_COLUMNS, NOT_STAGED
 
 DBT_PROJECT_DIR = Path(__file__).resolve().parent / "dbt"
 ROW_GROUP_ROWS = 65_536
 
-# Columns the dbt staging model reads from the event lake, with the Arrow type families accepted.
-EXPECTED_EVENT_COLUMNS: dict[str, tuple[str, ...]] = {
-    "event_kind": ("string",), "user_id": ("string",), "ts_ms": ("int",), "request_id": ("string",),
-    "impression_id": ("string",), "item_id": ("string",), "campaign_id": ("string",),
-    "advertiser_id": ("string",), "category_id": ("string",), "brand_id": ("string",),
-    "position": ("int",), "surface": ("string",), "device": ("string",), "action": ("string",),
-    "label": ("int",), "click_type": ("string",), "dwell_ms": ("int",),
-}
+# Columns the dbt staging model reads from the event lake (transforms.contracts), by type family:
+# stg_events.sql casts, so any string or any integer width is accepted.
+EXPECTED_EVENT_COLUMNS: dict[str, str] = {
+    c: ("string" if t == "string" else "int") for c, t in EVENT_COLUMNS.items() if c not in NOT_STAGED}
 
 
 class SequenceInputError(ValueError):
@@ -74,14 +71,14 @@ def check_event_partitions(home: Path, start: str, end: str) -> dict[str, int]:
         n = 0
         for f in files:
             schema = pq.read_schema(f)
-            for column, families in EXPECTED_EVENT_COLUMNS.items():
+            for column, family in EXPECTED_EVENT_COLUMNS.items():
                 if column not in schema.names:
                     raise SequenceInputError(f"events partition {day}: column {column!r} is missing in {f.name}")
                 got = _family(schema.field(column).type)
-                if got not in families:
+                if got != family:
                     raise SequenceInputError(
                         f"events partition {day}: column {column!r} has type {schema.field(column).type}, "
-                        f"expected {' or '.join(families)} ({f.name})")
+                        f"expected {family} ({f.name})")
             n += pq.ParquetFile(f).metadata.num_rows
         rows[day] = n
     return rows

@@ -10,9 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from quality.events import (EVENT_ARROW_TYPES, EVENTS_CHECKS, EventsThresholds, QuarantineRates, RateLimit, ctr_band,
+from quality.events import (EVENTS_CHECKS, EventsThresholds, QuarantineRates, RateLimit, ctr_band,
                             trailing_stats, validate_events)
 from quality.framework import CheckDef, DatasetChecks, to_check_result, to_check_results, validate_frame
+from transforms.contracts import EVENT_COLUMNS
 
 DAY = "2026-06-02"
 START = int(dt.datetime(2026, 6, 2, tzinfo=dt.timezone.utc).timestamp() * 1000)
@@ -36,7 +37,7 @@ def rows(n_imps: int = 20, n_clicked: int = 2, n_beh: int = 5, day_start: int = 
     return out
 
 
-def write(base: Path, day: str, data: list[dict], types: dict[str, str] = EVENT_ARROW_TYPES) -> Path:
+def write(base: Path, day: str, data: list[dict], types: dict[str, str] = EVENT_COLUMNS) -> Path:
     path = base / f"date={day}"
     path.mkdir(parents=True, exist_ok=True)
     schema = pa.schema([(c, ARROW[t]) for c, t in types.items()])
@@ -99,13 +100,13 @@ def test_each_blocking_check_catches_its_defect_with_observed_value_and_sample_r
 
 
 def test_schema_check_catches_missing_column_and_wrong_type(tmp_path):
-    types = dict(EVENT_ARROW_TYPES, ts_ms="string")
+    types = dict(EVENT_COLUMNS, ts_ms="string")
     data = [dict(r, ts_ms=str(r["ts_ms"])) for r in rows()]
     path = write(tmp_path / "events", DAY, data, types)
     out = by_name(validate_events(path, DAY, accounting=accounting(25, 20, 5)))
     assert not out["events_schema"].passed
     assert "ts_ms" in out["events_schema"].summary()
-    types2 = {c: t for c, t in EVENT_ARROW_TYPES.items() if c != "device"}
+    types2 = {c: t for c, t in EVENT_COLUMNS.items() if c != "device"}
     path2 = write(tmp_path / "events2", DAY, [{k: v for k, v in r.items() if k != "device"} for r in rows()], types2)
     out2 = by_name(validate_events(path2, DAY, accounting=accounting(25, 20, 5)))
     assert not out2["events_schema"].passed

@@ -10,7 +10,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from assets.events import RAW_LOGS_MAPPING, events, next_day_decision
+from assets.events import RAW_LOGS_MAPPING, events
 from pipelines.resources import GenrankPaths
 from quality.events import EVENTS_CHECKS
 from tests.spark.spark_corpus import behavior, click, impression
@@ -44,9 +44,9 @@ def test_asset_definition():
 def test_next_day_decision_grace_period():
     day = "2026-05-01"
     end_of_next = dt.datetime(2026, 5, 3, tzinfo=dt.timezone.utc)
-    assert next_day_decision(day, True, end_of_next - dt.timedelta(days=1), 6) == "use"
-    assert next_day_decision(day, False, end_of_next + dt.timedelta(hours=5), 6) == "wait"
-    assert next_day_decision(day, False, end_of_next + dt.timedelta(hours=6), 6) == "skip"
+    assert landing.next_day_decision(day, True, end_of_next - dt.timedelta(days=1), 6) == "use"
+    assert landing.next_day_decision(day, False, end_of_next + dt.timedelta(hours=5), 6) == "wait"
+    assert landing.next_day_decision(day, False, end_of_next + dt.timedelta(hours=6), 6) == "skip"
 
 
 def test_tiny_world_every_day_materialises_with_checks_passing_and_manifest_counts(tiny_world, tmp_path, shared_spark_resource):

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from transforms import landing
+from transforms.atomic import staged_dir, staged_file
 from transforms.simulator import defects
 from transforms.simulator.users import simulate_user
 from transforms.simulator.world import PRESETS, Catalog, WorldConfig
@@ -179,16 +179,12 @@ def oracle_aucs(oracle_df: pd.DataFrame) -> tuple[float, float]:
 
 
 def _write_oracle(out: Path, oracle_df: pd.DataFrame) -> None:
-    root = out / "simulator" / "oracle"
-    staging = out / "simulator" / f".tmp-oracle-{uuid.uuid4().hex[:8]}"
     oracle_df = oracle_df.assign(date=pd.to_datetime(oracle_df["ts_ms"], unit="ms", utc=True).dt.strftime("%Y-%m-%d"))
-    for day, part in oracle_df.groupby("date", sort=True):
-        target = staging / f"date={day}"
-        target.mkdir(parents=True)
-        part.drop(columns="date").to_parquet(target / "oracle.parquet", index=False)
-    if root.exists():
-        shutil.rmtree(root)
-    staging.rename(root)
+    with staged_dir(out / "simulator" / "oracle") as staging:
+        for day, part in oracle_df.groupby("date", sort=True):
+            target = staging / f"date={day}"
+            target.mkdir()
+            part.drop(columns="date").to_parquet(target / "oracle.parquet", index=False)
 
 
 def _write_manifest(out: Path, cfg: WorldConfig, report: SimulationReport, files: dict) -> None:
@@ -212,6 +208,5 @@ def _write_manifest(out: Path, cfg: WorldConfig, report: SimulationReport, files
             "oracle_auc_serving": report.oracle_auc_serving,
         },
     }
-    tmp = path.with_suffix(f".tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(defects.dump_manifest(manifest))
-    tmp.replace(path)
+    with staged_file(path) as tmp:
+        tmp.write_text(defects.dump_manifest(manifest))

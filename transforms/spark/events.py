@@ -92,9 +92,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -103,8 +101,8 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from transforms import landing
-from transforms.atomic import replace_dir
+from transforms import contracts, landing
+from transforms.atomic import staged_dir
 from transforms.landing import (ACTIONS, CLICK_TYPES, DEVICES, FILE_KINDS, INTEGER_KEYS, OPTIONAL_KEYS, REQUIRED_KEYS,
                                 SURFACE_SLOTS, SURFACES)
 
@@ -121,31 +119,9 @@ ACCEPTED, QUARANTINED, DUPLICATE, BLANK = "accepted", "quarantined", "duplicate"
 QUARANTINE_REASONS = ("malformed_json", "missing_key", "bad_type", "unknown_enum", "empty_id",
                       "position_out_of_range", "ts_out_of_range", "negative_dwell",
                       "orphan_click", "click_outside_window")
-DUPLICATE_REASONS = ("duplicate_line", "duplicate_impression_id", "duplicate_click")
-ACCEPTED_REASONS = ("event", "attributed", "attributed_previous_day")
 
-# The event table's schema (column -> Spark SQL type). Types are kept DuckDB-simple.
-EVENT_COLUMNS: dict[str, str] = {
-    "event_kind": "string",       # 'impression' | 'behavior'
-    "user_id": "string",
-    "ts_ms": "bigint",
-    "request_id": "string",
-    "impression_id": "string",
-    "item_id": "string",          # ad_id for impressions, item_id for behaviors
-    "ad_id": "string",
-    "campaign_id": "string",
-    "advertiser_id": "string",
-    "category_id": "string",
-    "brand_id": "string",
-    "position": "int",
-    "surface": "string",
-    "device": "string",
-    "action": "string",           # behaviors only
-    "label": "int",               # impressions: 1 if a click was attributed, else 0; behaviors: null
-    "click_type": "string",
-    "dwell_ms": "bigint",
-    "click_ts_ms": "bigint",
-}
+# The event table's schema (transforms.contracts) as Spark SQL types.
+EVENT_COLUMNS: dict[str, str] = contracts.spark_columns()
 QUARANTINE_COLUMNS: dict[str, str] = {
     "kind": "string", "source_file": "string", "line_no": "bigint", "reason": "string",
     "detail": "string", "raw": "string",
@@ -561,14 +537,9 @@ class EventsJobResult:
         return "\n".join(parts)
 
 
-def _shift(day: str, days: int) -> str:
-    return (dt.date.fromisoformat(day) + dt.timedelta(days=days)).isoformat()
-
-
 def _context_day(home: Path, day: str) -> landing.LandingDay | None:
     """A neighbouring landing day if it is complete; None if absent or not yet complete."""
-    path = landing.day_dir(home, day)
-    if not (path / landing.SUCCESS_MARKER).exists():
+    if not landing.is_complete(home, day):
         return None
     return landing.open_day(home, day, verify=False)
 
@@ -594,19 +565,13 @@ def _clean_spark_files(path: Path) -> None:
 
 def write_partition(df: DataFrame, base: Path, day: str, sort_cols: Sequence[str] | None = None, files: int = 1) -> Path:
     """Write ``df`` as ``base/date=day`` atomically (temp dir + rename); returns the final path."""
-    base.mkdir(parents=True, exist_ok=True)
     final = base / f"date={day}"
-    tmp = base / f".tmp-date={day}-{uuid.uuid4().hex[:8]}"
-    try:
+    with staged_dir(final) as tmp:
         out = df.repartition(files)
         if sort_cols:
             out = out.sortWithinPartitions(*sort_cols)
-        out.write.mode("error").parquet(str(tmp))
+        out.write.mode("overwrite").parquet(str(tmp))   # into the (empty) staging directory
         _clean_spark_files(tmp)
-        replace_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 
@@ -642,13 +607,13 @@ def run_events_job(
     home = Path(home)
     day = day if isinstance(day, str) else day.isoformat()
     current = landing.open_day(home, day, verify=False)
-    previous = _context_day(home, _shift(day, -1))
+    previous = _context_day(home, landing.shift_day(day, -1))
     nxt = None
     if use_next_day:
-        nxt = _context_day(home, _shift(day, 1))
+        nxt = _context_day(home, landing.shift_day(day, 1))
         if nxt is None and require_next_day:
             raise landing.LandingError(
-                f"landing day {_shift(day, 1)} is not complete: the events job for {day} needs it for late clicks")
+                f"landing day {landing.shift_day(day, 1)} is not complete: the events job for {day} needs it for late clicks")
 
     sources: list[SourceFile] = []
     for kind in FILE_KINDS:
