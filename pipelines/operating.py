@@ -73,11 +73,9 @@ class DayStatus:
 def day_statuses(instance: dg.DagsterInstance, root: Path, now: dt.datetime, grace_hours: float,
                  days: list[str], landed: set[str]):
     """Each day's state in date order (a generator: the planner stops at the first day not done)."""
-    from assets.events import next_day_decision
-
     for day in days:
-        next_day = (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
-        decision = next_day_decision(day, next_day in landed, now, grace_hours)
+        next_day = landing.shift_day(day, 1)
+        decision = landing.next_day_decision(day, next_day in landed, now, grace_hours)
         if decision == "wait":
             yield DayStatus(day, "waiting", f"{day} waits for landing {next_day} (its late clicks) or the end of "
                                             f"the {grace_hours:g} h grace period after it")
@@ -150,13 +148,17 @@ def day_state(instance: dg.DagsterInstance, day: str, fingerprint: str) -> tuple
     return "new", f"{day} landed"
 
 
+def only_gates_failed(checks: list[str]) -> bool:
+    """Blocking checks failed and all of them are promotion gates: a refused challenger, a decision."""
+    return bool(checks) and all(c.startswith(GATE_PREFIX) for c in checks)
+
+
 def _completed(run: dg.DagsterRun) -> bool:
     """Succeeded, or stopped only by the promotion gates (a refused challenger is a decision)."""
     if run.status == dg.DagsterRunStatus.SUCCESS:
         return True
     blocked_by = run.tags.get(BLOCKED_BY_TAG, "")
-    return (run.status == dg.DagsterRunStatus.FAILURE and bool(blocked_by)
-            and all(c.startswith(GATE_PREFIX) for c in blocked_by.split(",")))
+    return run.status == dg.DagsterRunStatus.FAILURE and only_gates_failed([c for c in blocked_by.split(",") if c])
 
 
 def _retry_pending(run: dg.DagsterRun) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipelines import settings
 from pipelines.console import RunConsole
+from pipelines.operating import only_gates_failed
 from pipelines.report import write_run_report
 from transforms import landing
 
@@ -90,7 +91,7 @@ class DayResult:
 
     @property
     def status(self) -> str:
-        return "ok" if self.success and not self.failed_checks else "refused" if _only_gates_failed(self) else "FAILED"
+        return "ok" if self.success and not self.failed_checks else "refused" if only_gates_failed(self.failed_checks) else "FAILED"
 
 
 @dataclass
@@ -101,11 +102,7 @@ class RunSummary:
     def ok(self) -> bool:
         """Every day ran (its teacher retrain included); a challenger refused by a gate is a decision,
         not a failure of the run."""
-        return bool(self.days) and all(d.success or _only_gates_failed(d) for d in self.days)
-
-
-def _only_gates_failed(d: "DayResult") -> bool:
-    return bool(d.failed_checks) and all(c.startswith("challenger_evaluation:gate_") for c in d.failed_checks)
+        return bool(self.days) and all(d.success or only_gates_failed(d.failed_checks) for d in self.days)
 
 
 # Metadata keys worth a column in the printed per-day summary: (asset, key) -> label.
@@ -170,7 +167,7 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
                 results[-1].figures["oracle_auc"] = oracle[day]
             console.print(_format_day(results[-1]))
         summary = RunSummary(results)
-        refused = sum(_only_gates_failed(r) for r in results)
+        refused = sum(only_gates_failed(r.failed_checks) for r in results)
         console.print(f"\n{sum(r.success for r in results) + refused}/{len(results)} days ran"
                       + (f" ({refused} challenger(s) refused by the gates: a decision, not a failure)." if refused else "."))
         champion = _champion_line(home)
@@ -268,7 +265,7 @@ def _format_day(r: DayResult) -> str:
     parts += [f"{k}={_fmt(v)}" for k, v in r.figures.items()]
     if r.failed_checks:
         parts.append("failed checks: " + ", ".join(r.failed_checks))
-    if r.error and not _only_gates_failed(r):
+    if r.error and not only_gates_failed(r.failed_checks):
         parts.append(f"error: {r.error}")
     return "  ".join(parts)
 
