@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -47,6 +46,7 @@ from deploy.request_body import decode_json, read_limited
 from deploy.sequence_store import OnlineStore, StoreUnavailable, open_store
 from models.config import StudentConfig
 from models.data import request_tokens
+from transforms.atomic import staged_dir
 
 log = logging.getLogger("genrank.serve")
 
@@ -160,10 +160,8 @@ class ModelWatcher:
             return False
         folder = self.cfg.home / "serving" / "models" / f"{self.cfg.model_name}-v{mv.version}"
         if not any(folder.rglob(ONNX_FILE)):  # download beside, then rename: never a half-written cache
-            tmp = folder.with_name(f"{folder.name}.tmp-{time.time_ns()}")
-            self.registry.artifact(self.cfg.model_name, mv.version, tmp, ONNX_FILE)
-            shutil.rmtree(folder, ignore_errors=True)
-            tmp.replace(folder)
+            with staged_dir(folder) as tmp:
+                self.registry.artifact(self.cfg.model_name, mv.version, tmp, ONNX_FILE)
         bundle = find_bundle(folder)
         verify_sha256(bundle.onnx, mv.tags.get(ONNX_SHA256_TAG), f"{self.cfg.model_name} v{mv.version}")
         loaded = LoadedModel(str(mv.version), mv.run_id, bundle, bundle.student_config(),
