@@ -30,16 +30,29 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
+def _query_rows(LO, HI, qb, T, BM: tl.constexpr):
+    """Query block ``qb``: its rows, which of them exist, and each row's key interval [lo, hi)."""
+    offs_m = qb * BM + tl.arange(0, BM)
+    row_ok = offs_m < T
+    lo = tl.load(LO + offs_m, mask=row_ok, other=0)
+    hi = tl.load(HI + offs_m, mask=row_ok, other=0)
+    return offs_m, row_ok, lo, hi
+
+
+@triton.jit
+def _attends(offs_m, offs_n, lo, hi):
+    """Row m attends key n: n in [lo_m, hi_m), and not m itself (its own key enters apart, always)."""
+    return (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None]) & (offs_n[None, :] != offs_m[:, None])
+
+
+@triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, LO, HI, QB_KLO, QB_KHI, T, scale,
                 s_t, s_h, o_t, o_h,
                 D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
-    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_m, row_ok, lo, hi = _query_rows(LO, HI, pid_m, T, BM)
     offs_d = tl.arange(0, D)
-    row_ok = offs_m < T
-    lo = tl.load(LO + offs_m, mask=row_ok, other=0)
-    hi = tl.load(HI + offs_m, mask=row_ok, other=0)
     q_ptrs = offs_m[:, None] * s_t + h * s_h + offs_d[None, :]
     q = tl.load(Q + q_ptrs, mask=row_ok[:, None], other=0.0)
     k_self = tl.load(K + q_ptrs, mask=row_ok[:, None], other=0.0)
@@ -56,7 +69,7 @@ def _fwd_kernel(Q, K, V, O, LSE, LO, HI, QB_KLO, QB_KHI, T, scale,
         kv_ptrs = offs_n[:, None] * s_t + h * s_h + offs_d[None, :]
         k = tl.load(K + kv_ptrs, mask=col_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-        valid = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None]) & (offs_n[None, :] != offs_m[:, None])
+        valid = _attends(offs_m, offs_n, lo, hi)
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -77,11 +90,8 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, LO, HI, QB_KLO, QB_KHI, T, scale
                    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
-    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_m, row_ok, lo, hi = _query_rows(LO, HI, pid_m, T, BM)
     offs_d = tl.arange(0, D)
-    row_ok = offs_m < T
-    lo = tl.load(LO + offs_m, mask=row_ok, other=0)
-    hi = tl.load(HI + offs_m, mask=row_ok, other=0)
     q = tl.load(Q + offs_m[:, None] * s_t + h * s_h + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     g_ptrs = offs_m[:, None] * g_t + h * g_h + offs_d[None, :]
     do = tl.load(DO + g_ptrs, mask=row_ok[:, None], other=0.0)
@@ -98,7 +108,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, LO, HI, QB_KLO, QB_KHI, T, scale
         k = tl.load(K + kv_ptrs, mask=col_ok[:, None], other=0.0)
         v = tl.load(V + kv_ptrs, mask=col_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-        valid = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None]) & (offs_n[None, :] != offs_m[:, None])
+        valid = _attends(offs_m, offs_n, lo, hi)
         p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
@@ -127,16 +137,13 @@ def _bwd_dkv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, LO, HI, QB_FIRST, QB_LAST, 
         klo = tl.load(QB_KLO + qb)
         khi = tl.load(QB_KHI + qb)
         if (klo < n0 + BN) & (khi > n0):
-            offs_m = qb * BM + tl.arange(0, BM)
-            row_ok = offs_m < T
-            lo = tl.load(LO + offs_m, mask=row_ok, other=0)
-            hi = tl.load(HI + offs_m, mask=row_ok, other=0)
+            offs_m, row_ok, lo, hi = _query_rows(LO, HI, qb, T, BM)
             q = tl.load(Q + offs_m[:, None] * s_t + h * s_h + offs_d[None, :], mask=row_ok[:, None], other=0.0)
             do = tl.load(DO + offs_m[:, None] * g_t + h * g_h + offs_d[None, :], mask=row_ok[:, None], other=0.0)
             lse = tl.load(LSE + h * T + offs_m, mask=row_ok, other=0.0)
             delta = tl.load(DELTA + h * T + offs_m, mask=row_ok, other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-            valid = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None]) & (offs_n[None, :] != offs_m[:, None])
+            valid = _attends(offs_m, offs_n, lo, hi)
             p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
             dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
