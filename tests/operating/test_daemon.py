@@ -32,12 +32,16 @@ RUN_ENV = {
 }
 
 
-def _land_all(src_home: Path, dst_home: Path, days: list[str]) -> None:
-    """Every day of the source landing zone at once, each renamed into place complete (as a writer does)."""
+def _land_all(src_home: Path, dst_home: Path, days: list[str], more: tuple[tuple[Path, str], ...] = ()) -> None:
+    """The source days (and ``more``: (home, day) pairs) landed at once: each is copied beside the landing
+    zone first, then all are renamed into place back to back, so no sensor tick sees part of the set."""
     (dst_home / "landing").mkdir(parents=True, exist_ok=True)
-    for day in days:
+    staged = []
+    for src, day in [(src_home, d) for d in days] + list(more):
         staging = dst_home / "landing" / f".staging-{day}"
-        shutil.copytree(landing.day_dir(src_home, day), staging)
+        shutil.copytree(landing.day_dir(src, day), staging)
+        staged.append((staging, day))
+    for staging, day in staged:
         staging.rename(landing.day_dir(dst_home, day))
 
 
@@ -90,31 +94,45 @@ def _assert_same_results(home: Path, reference_home: Path, reference_stdout: str
     assert (str(champion.version), champion.tags["oot_auc"]) == _champion_line(reference_stdout)
 
 
+def _latest_sensor_skip(instance: dg.DagsterInstance) -> str:
+    [state] = [s for s in instance.all_instigator_state() if s.name == "landing_sensor"]
+    [tick] = instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=1)
+    return tick.skip_reason or ""
+
+
 def test_the_landing_sensor_runs_new_days_in_order_under_the_daemon(tiny_pipeline, tmp_path):
-    """Four days landed at once: the sensor starts one daily run at a time in date order; the teacher is
-    trained inside the first run that needs it; a transient failure of day 2's dbt step is retried once
-    from that step; the result is what `genrank run` gives; afterwards nothing more is requested."""
+    """Four days landed at once, and a fifth whose every line is garbage: the sensor starts one daily
+    run at a time in date order; the teacher is trained inside the first run that needs it; a transient
+    failure of day 2's dbt step is retried once from that step; the four days give what `genrank run`
+    gives; the garbage day fails a blocking events check, is not retried, and stays blocked with its
+    reason while the sensor keeps ticking."""
     reference_home, report, reference_stdout = tiny_pipeline
     home = tmp_path / "home"
     home.mkdir()
     marker = tmp_path / "failed-once"
+    garbage_day = (dt.date.fromisoformat(report.days[-1]) + dt.timedelta(days=1)).isoformat()
     stack = DagsterStack(home, FLAKY_LOCATION, {**RUN_ENV, "GENRANK_TEST_FAIL_ONCE": f"{report.days[1]}:{marker}"},
                          webserver=False)
     try:
         started = time.monotonic()
-        _land_all(reference_home, home, report.days)
+        # the garbage day lands with the others, so day 4 sees its D+1 (garbage clicks attribute nothing)
+        # from its first run, as `genrank run` saw none: day 4 runs once
+        garbage = tmp_path / "garbage"
+        landing.write_day(garbage, garbage_day, {kind: [f'{{"broken": {i}' for i in range(50)] for kind in landing.FILE_KINDS})
+        _land_all(reference_home, home, report.days, more=((garbage, garbage_day),))
         instance = dg.DagsterInstance.from_config(str(stack.dagster_home))
 
         def settled():
             plan = operating.plan_next_day(instance, home, dt.datetime.now(dt.timezone.utc), 6.0)
-            assert " is blocked" not in plan.reason, f"{plan.reason}\n{stack.logs()}"
-            return plan.request is None and plan.reason == f"all {len(report.days)} landed day(s) are done"
+            assert " is blocked" not in plan.reason or plan.reason.startswith(garbage_day), \
+                f"{plan.reason}\n{stack.logs()}"
+            return plan.request is None and plan.reason.startswith(f"{garbage_day} is blocked")
 
         _wait_until(settled, stack, 1500, "the daemon did not finish the landed days")
         print(f"daemon-driven days: {time.monotonic() - started:.0f} s")
         records = _daily_runs(instance)
         days = _assert_serial_and_in_date_order(records)
-        assert days == [report.days[0], report.days[1], report.days[1], *report.days[2:]]
+        assert days == [report.days[0], report.days[1], report.days[1], *report.days[2:], garbage_day]
         assert marker.exists()
         failed, retry = records[1].dagster_run, records[2].dagster_run
         assert failed.status == dg.DagsterRunStatus.FAILURE and failed.tags["dagster/will_retry"] == "true"
@@ -122,16 +140,23 @@ def test_the_landing_sensor_runs_new_days_in_order_under_the_daemon(tiny_pipelin
         steps = {r.event_log_entry.step_key for r in instance.get_records_for_run(
             retry.run_id, of_type=dg.DagsterEventType.STEP_START).records}
         assert "sequence_models" in steps and "events" not in steps   # retried from the failed step
-        assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records if r is not records[1])
+        assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records[2:-1])
         # the first teacher trained inside day 3's run, as `genrank run` trains it
         teacher = [e for e in instance.fetch_materializations(dg.AssetKey("teacher_model"), limit=10).records
                    if e.asset_materialization.metadata["retrained"].value]
         assert [instance.get_run_by_id(t.run_id).tags["dagster/partition"] for t in teacher] == [report.days[2]]
         _assert_same_results(home, reference_home, reference_stdout, report.days)
-        # several more sensor ticks: nothing is requested again
-        time.sleep(20)
+        # the garbage day: stopped by a blocking events check, tagged with it, not retried by the daemon
+        blocked = records[-1].dagster_run
+        assert blocked.status == dg.DagsterRunStatus.FAILURE
+        assert blocked.tags[operating.BLOCKED_BY_TAG].startswith("events:") and blocked.tags[operating.BLOCKED_REASON_TAG]
+        assert blocked.tags["dagster/will_retry"] == "false"
+        # several more sensor ticks: nothing is requested again, and each tick says why
+        time.sleep(4 * int(RUN_ENV["GENRANK_SENSOR_INTERVAL_S"]))
         assert len(_daily_runs(instance)) == len(records)
         assert not instance.get_runs(dg.RunsFilter(statuses=NOT_FINISHED_STATUSES))
+        skip = _latest_sensor_skip(instance)
+        assert skip.startswith(f"{garbage_day} is blocked") and blocked.tags[operating.BLOCKED_BY_TAG] in skip, skip
     finally:
         stack.stop()
 
