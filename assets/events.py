@@ -44,7 +44,7 @@ _RATES = QuarantineRates()
 
 
 class EventsConfig(dg.Config):
-    attribution_window_min: float = float(settings.env("GENRANK_ATTRIBUTION_WINDOW_MIN", "60"))
+    attribution_window_min: float = settings.attribution_window_min()
     late_grace_hours: float = settings.late_grace_hours()
     verify_landing: bool = True
     ctr_band: float = 0.5

@@ -65,6 +65,11 @@ def online_store() -> str:
     return env("GENRANK_ONLINE_STORE", "")
 
 
+def attribution_window_min() -> float:
+    """GENRANK_ATTRIBUTION_WINDOW_MIN: minutes after an impression within which a click is attributed to it."""
+    return float(env("GENRANK_ATTRIBUTION_WINDOW_MIN", VARIABLES["GENRANK_ATTRIBUTION_WINDOW_MIN"][0]))
+
+
 def late_grace_hours() -> float:
     """GENRANK_LATE_GRACE_HOURS: how long day D waits for D+1's files (late clicks) before it runs without them."""
     return float(env("GENRANK_LATE_GRACE_HOURS", VARIABLES["GENRANK_LATE_GRACE_HOURS"][0]))
