@@ -65,6 +65,7 @@ class Ports:
 class Stack:
     home: Path
     ports: Ports = field(default_factory=Ports.from_settings)
+    env: dict[str, str] = field(default_factory=dict)   # more variables for the pipeline processes
 
     @property
     def folder(self) -> Path:
@@ -105,6 +106,7 @@ class Stack:
             "MLFLOW_ENABLE_TELEMETRY": "false",
             "DAGSTER_DISABLE_TELEMETRY": "true",
             "GX_ANALYTICS_ENABLED": "false",
+            **self.env,
         }
 
     # ------------------------------------------------------------------------------------ services
