@@ -31,6 +31,20 @@ def test_first_model_must_beat_the_baseline_auc_outright():
     assert _gates({**CHAMPION, "auc": 0.599}, baseline, "baseline", kind="champion")["auc"].passed
 
 
+def test_calibration_band_is_widened_by_the_buckets_sampling_noise_only():
+    # 100 clicks: two standard errors widen [0.75, 1.33] by 1.2 -> [0.625, 1.596]
+    assert _gates({**CHAMPION, "bucket0_calibration": 0.63})["calibration"].passed
+    assert not _gates({**CHAMPION, "bucket0_calibration": 0.62})["calibration"].passed
+    assert _gates({**CHAMPION, "bucket0_calibration": 1.59})["calibration"].passed
+    assert not _gates({**CHAMPION, "bucket0_calibration": 1.60})["calibration"].passed
+    # 10,000 clicks: the band is nearly the bare one
+    many = {**CHAMPION, "bucket0_clicks": 10_000}
+    assert not _gates({**many, "bucket0_calibration": 0.73})["calibration"].passed
+    assert _gates({**many, "bucket0_calibration": 0.75})["calibration"].passed
+    gate = _gates({**many, "bucket0_calibration": 1.4})["calibration"]
+    assert not gate.passed and "bucket 0: 1.4000" in gate.reason and "10000 clicks" in gate.reason
+
+
 def test_calibration_judges_only_buckets_with_enough_clicks():
     skewed = {**CHAMPION, "bucket1_calibration": 3.0, "bucket1_clicks": 10}
     assert _gates(skewed)["calibration"].passed  # 10 clicks: too few to judge
