@@ -1,11 +1,13 @@
-"""Model-quality report (issue #8): the seed papers' ablations on the simulated world and on MovieLens.
+"""Model-quality report (issues #8, #18): teacher, student, KD and the seed papers' ablations on three
+simulated worlds (and MovieLens on request).
 
-    .venv/bin/python benchmarks/quality.py                 # demo world, 3 seeds, then MovieLens (~45 min)
+    .venv/bin/python benchmarks/quality.py --only no_history,teacher,student,student_kd   # 3 worlds, 3 seeds
     .venv/bin/python benchmarks/quality.py --quick         # tiny world, 1 seed, small models: minutes
-    .venv/bin/python benchmarks/quality.py --seeds 1 --no-movielens --only student,no_lptm
+    .venv/bin/python benchmarks/quality.py --worlds demo --seeds 1 --only student,no_lptm
 
-Data. The world is simulated (`--preset`, simulator seed `--world-seed`) into a private GENRANK_HOME
-under `--home` (default /tmp/genrank-quality/<preset>-s<seed>) and the real pipeline stages turn it
+Data. Each world of WORLDS (`--worlds`; a `genrank simulate` preset, seed, size and effect strengths) is
+simulated into a private GENRANK_HOME under `--home` (default /tmp/genrank-quality/<world>) and the real
+pipeline stages turn it
 into training samples: the Dagster assets of the `ingest` and `sequences` groups (Spark events, dbt
 sequences, their checks), one daily partition after the other as `genrank run` does, stopping before
 the models. MovieLens latest-small goes through the importer (`genrank import movielens`, a
@@ -17,11 +19,13 @@ stage cannot go past a day without events once it holds any (user_sequences' las
 newest event's day, so the next day is refused): of the runs of consecutive days with ratings, this
 17-day one has the most test ratings by users with earlier ratings in the slice.
 
-Protocol. Every model trains from scratch on the first days, epoch after epoch; after each epoch it is
-scored on the validation day(s) that follow; it runs at least Sizes.min_epochs epochs, stops after
-Sizes.patience epochs without a better validation AUC and keeps its best epoch, so that no variant
-depends on an epoch count tuned for another. It is then tested out of time on the
-last `--eval-days` day(s) under serving conditions (models.evaluate: delay mask on, the real bucket's
+Protocol. Every model trains from scratch on every day before the test day(s) through the pipeline's
+own training entry points (models.train_teacher / train_student with TrainConfig.holdout, as
+assets/training.py): the newest training day's latest Sizes.holdout share of impressions is held out,
+scored after every pass, training stops after Sizes.patience passes without a better held-out AUC and
+keeps the best pass, and the served head's per-bucket calibration is fitted on that slice. No variant
+depends on a pass count tuned for another, and nothing is chosen on the test days. It is then tested out
+of time on the last `--eval-days` day(s) under serving conditions (models.evaluate: delay mask on, the real bucket's
 head). `--seeds` training seeds (initialisation and data order; the data stay the same). Reported:
 mean and sample standard deviation over seeds, and per-seed paired differences (same seed, same test
 impressions) with their spread, which is the noise against which every direction is judged.
@@ -31,7 +35,7 @@ serving visibility, on the tested impressions); the per-bucket historical-CTR ba
 (transforms.sequences.bucket_ctr_baseline); a student that sees no user history (use_history=False);
 the teacher (CADET-style, full tokens); the student without and with KD (TM20K: main head on labels,
 distill head on CE + lambda x KD against the teacher's probabilities on the training days, from
-models.predict on the teacher); ablations of the student without KD: no cross features (MTGR's
+models.predict on the teacher); the KD and teacher levers of issue #18 (LEVERS); ablations of the student without KD: no cross features (MTGR's
 target-side counters, FeatureConfig.cross_windows_days=()), no position heads (position
 as an input, the default slot at serving, one head), no delay mask in training, index RoPE instead
 of time RoPE, LITM / PATM / LPTM off. Results are kept in <world>/quality/results.json, so an
@@ -69,12 +73,31 @@ SEED_EXPECTATIONS = {
     "no_lptm": ("TM20K", +0.03),
 }
 ABLATIONS = ["no_position_heads", "no_train_delay", "index_rope", "no_litm", "no_patm", "no_lptm"]
+def _bb(**kw):
+    return lambda cfg: dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, **kw))
+
+
+# Issue #18's levers, each one change against "teacher" or "student_kd": (trains a teacher or a KD student,
+# the config change, the row's label). Measured, not defaults: RESULTS.md "Model quality" says what each did.
+LEVERS = {
+    "teacher_6_layers": ("teacher", _bb(n_layers=6), "teacher, 6 layers instead of 4"),
+    "teacher_d96": ("teacher", _bb(d_model=96), "teacher, d=96 instead of 64"),
+    "teacher_4k_context": ("teacher", lambda c: dataclasses.replace(c, max_len=4096), "teacher, 4,096 tokens instead of 2,048"),
+    "teacher_no_id_dropout": ("teacher", _bb(id_dropout=0.0), "teacher, no id dropout"),
+    "student_kd_lambda1": ("kd", lambda c: dataclasses.replace(c, kd_lambda=1.0), "student, KD lambda 1 instead of 50"),
+    "student_kd_lambda5": ("kd", lambda c: dataclasses.replace(c, kd_lambda=5.0), "student, KD lambda 5 instead of 50"),
+    "student_kd_t2": ("kd", lambda c: dataclasses.replace(c, kd_temperature=2.0), "student, KD temperature 2"),
+}
+
+
 LABELS = {
     "bucket_ctr": "per-bucket historical CTR",
     "no_history": "student, no user history",
     "teacher": "teacher (full tokens)",
     "student": "student, no KD",
     "student_kd": "student, KD",
+    "student_kd_oot": "student, KD from a teacher that did not train on those days",
+    **{k: v[2] for k, v in LEVERS.items()},
     "no_position_heads": "- no position heads (position input, default slot at serving, 1 head)",
     "no_train_delay": "- no delay mask in training",
     "index_rope": "- index RoPE instead of time RoPE",
@@ -93,7 +116,6 @@ class World:
     home: Path
     days: list[str]            # training_samples days, in order
     train_days: list[str]
-    val_days: list[str]        # picks each model's epoch (early stopping)
     eval_days: list[str]       # the out-of-time test
     simulated: bool
     note: str = ""
@@ -180,31 +202,54 @@ def _landing_lines(home: Path, day: str) -> int:
     return sum(landing.open_day(home, day, verify=False).line_counts.values())
 
 
-def _split(name: str, home: Path, days: list[str], val_days: int, eval_days: int, simulated: bool) -> World:
-    if len(days) < val_days + eval_days + 1:
-        raise ValueError(f"{home}: {len(days)} day(s) of training samples; need at least {val_days + eval_days + 1}")
-    n_train = len(days) - val_days - eval_days
-    return World(name, home, days, days[:n_train], days[n_train:n_train + val_days], days[n_train + val_days:],
-                 simulated=simulated)
+def _split(name: str, home: Path, days: list[str], eval_days: int, simulated: bool) -> World:
+    if len(days) < eval_days + 2:
+        raise ValueError(f"{home}: {len(days)} day(s) of training samples; need at least {eval_days + 2}")
+    n_train = len(days) - eval_days
+    return World(name, home, days, days[:n_train], days[n_train:], simulated=simulated)
 
 
-def prepare_simulated(home: Path, preset: str, seed: int, n_days: int | None, val_days: int, eval_days: int) -> World:
+# The worlds the report runs on (issue #18): the demo world and two others with other seeds, sizes and
+# effect strengths (`genrank simulate` options, transforms/simulator/world.py Strengths), chosen before any
+# model ran on them and never used to choose a training setting. "history-heavy": stronger session and
+# long-range memory, so the user sequence carries more of the signal; "item-heavy": weaker history effects,
+# stronger ad quality and a higher base rate (intercept -2.0: CTR 13.9 % against the demo's 6.9 %). Both are
+# smaller than the demo world (fewer days: every day costs a pipeline partition on a 2-core machine).
+WORLDS: dict[str, dict] = {
+    "demo": {"preset": "demo", "seed": 0},
+    "history-heavy": {"preset": "demo", "seed": 1, "strengths": "session=1.5,long_range=2,long_term=0.6",
+                      "users": 250, "days": 6},
+    "item-heavy": {"preset": "demo", "seed": 2, "strengths": "session=0.5,long_range=0.6,quality=0.9",
+                   "users": 250, "days": 5, "bias_logit": -2.0},
+}
+
+
+def world_spec_text(spec: dict) -> str:
+    opts = [f"--preset {spec['preset']}", f"--seed {spec['seed']}"]
+    opts += [f"--{k.replace('_', '-')} {spec[k]}" for k in ("strengths", "users", "days", "bias_logit") if k in spec]
+    return "genrank simulate " + " ".join(opts)
+
+
+def prepare_simulated(home: Path, name: str, spec: dict, n_days: int | None, eval_days: int) -> World:
+    from pipelines.cli import world_config
     from transforms import landing
     from transforms.simulator import simulate
 
     home.mkdir(parents=True, exist_ok=True)
     if not landing.complete_days(home):
-        print(f"  simulating preset {preset!r} seed {seed} into {home}", flush=True)
+        print(f"  {world_spec_text(spec)} into {home}", flush=True)
+        config = world_config(spec["preset"], spec.get("strengths"), spec.get("users"), spec.get("days"),
+                              spec.get("bias_logit"))
         with contextlib.redirect_stdout(sys.stderr):
-            simulate(preset=preset, seed=seed, out=home)
+            simulate(preset=spec["preset"], seed=spec["seed"], out=home, config=config)
     build_training_samples(home)
     days = _sample_days(home)
     if n_days:
         days = days[:n_days]
-    return _split(f"simulated `{preset}` world (simulator seed {seed})", home, days, val_days, eval_days, True)
+    return _split(f"world `{name}` ({world_spec_text(spec)})", home, days, eval_days, True)
 
 
-def prepare_movielens(home: Path, src: Path, since: str, until: str, val_days: int, eval_days: int) -> World:
+def prepare_movielens(home: Path, src: Path, since: str, until: str, eval_days: int) -> World:
     from transforms import landing
     from transforms.importers import import_dataset
 
@@ -215,7 +260,7 @@ def prepare_movielens(home: Path, src: Path, since: str, until: str, val_days: i
         if not report.reconciled:
             raise RuntimeError(f"MovieLens import did not reconcile:\n{report.summary()}")
     build_training_samples(home)
-    return _split(f"MovieLens latest-small, {since}..{until}", home, _sample_days(home), val_days, eval_days, False)
+    return _split(f"MovieLens latest-small, {since}..{until}", home, _sample_days(home), eval_days, False)
 
 
 def oracle_rows(world: World, labels) -> dict:
@@ -256,14 +301,15 @@ class Sizes:
     student_layers: int = 4      # LPTM pair-sums before layer 2 (of 0..3): it needs >= 3 layers to act
     teacher_max_len: int = 2048  # tokens (an impression costs 2)
     student_max_len: int = 1024  # events
-    epochs: int = 6              # at most; each model keeps its best epoch on the validation days
-    min_epochs: int = 4          # validation AUC climbs in steps: a plateau of 2-3 epochs, then a jump
-    patience: int = 2            # after min_epochs: stop after this many epochs without a better one
+    epochs: int = 12             # at most; the held-out slice picks the pass (TrainConfig.patience, holdout)
+    patience: int = 2            # TrainConfig.patience
+    holdout: float = 0.2         # TrainConfig.holdout
     max_steps: int | None = None
     token_budget: int = 2048     # small packed batches: more optimizer steps per pass (as the pipeline)
     lr: float = 2e-3
     weight_decay: float = 0.1
-    kd_lambda: float = 50.0
+    kd_lambda: float = 50.0      # StudentConfig.kd_lambda (TM20K)
+    kd_temperature: float = 1.0  # StudentConfig.kd_temperature
     id_dropout: float = 0.5      # as the pipeline (assets/training.py ModelSizeConfig)
 
 
@@ -276,6 +322,7 @@ def _configs(sz: Sizes):
                             backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.teacher_layers, n_heads=sz.n_heads,
                                                     id_dropout=sz.id_dropout))
     student = StudentConfig(features=fc, max_len=sz.student_max_len, kd_lambda=sz.kd_lambda,
+                            kd_temperature=sz.kd_temperature,
                             backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.student_layers, n_heads=sz.n_heads,
                                                     id_dropout=sz.id_dropout))
     return teacher, student
@@ -285,8 +332,10 @@ def student_variant(base, name: str):
     from models import RoPEConfig
 
     r = dataclasses.replace
-    if name in ("student", "student_kd"):
+    if name in ("student", "student_kd", "student_kd_oot"):
         return base
+    if name in LEVERS:
+        return LEVERS[name][1](base)
     if name == "no_history":
         return r(base, use_history=False)
     if name == "no_cross_features":
@@ -306,8 +355,8 @@ def _train_cfg(sz: Sizes, seed: int):
     from models import TrainConfig
 
     return TrainConfig(lr=sz.lr, weight_decay=sz.weight_decay, token_budget=sz.token_budget, epochs=sz.epochs,
-                       max_steps=sz.max_steps, seed=seed, warmup_steps=20, log_every=10**9, ckpt_every=0,
-                       device="cpu")
+                       patience=sz.patience, holdout=sz.holdout, max_steps=sz.max_steps, seed=seed, warmup_steps=20,
+                       log_every=10**9, ckpt_every=0, device="cpu")
 
 
 def _metrics(m: dict) -> dict:
@@ -319,46 +368,17 @@ def _metrics(m: dict) -> dict:
     return out
 
 
-def fit_best_epoch(kind: str, cfg, probs, world: World, sz: Sizes, seed: int, workdir: Path):
-    """Trains epoch by epoch (train_teacher / train_student resume from their checkpoint), scores the
-    validation days after each, stops once at least `sz.min_epochs` epochs ran and the last `sz.patience`
-    did not improve the validation AUC, and returns (the best epoch's model, a summary). Every model gets
-    the same rule, so no variant gains from an epoch count tuned for another."""
-    import copy
-    import shutil
+def fit_model(kind: str, cfg, probs, train_days: list[str], world: World, sz: Sizes, seed: int):
+    """One model through the pipeline's entry point (train_teacher / train_student, TrainConfig.holdout: the
+    newest training day's latest impressions pick the pass and calibrate); returns (model, a summary)."""
+    from models import train_student, train_teacher
 
-    from models import evaluate, train_student, train_teacher
-
-    ckpt = workdir / f"ckpt-{kind}"
-    shutil.rmtree(ckpt, ignore_errors=True)
-    train, val = world.samples(world.train_days), world.samples(world.val_days)
-    best_auc, best_state, best_epoch, curve = -1.0, None, 0, []
-    tokens = events = seconds = 0.0
-    steps = 0
-    model = None
-    for epoch in range(1, sz.epochs + 1):
-        tc = dataclasses.replace(_train_cfg(sz, seed), epochs=epoch)
-        if kind == "teacher":
-            res = train_teacher(train, cfg, tc, ckpt_dir=str(ckpt), resume=True)
-        else:
-            res = train_student(train, probs, cfg, tc, ckpt_dir=str(ckpt), resume=True)
-        th = res.throughput
-        seconds += th["seconds"]
-        tokens += th["tokens_per_s"] * th["seconds"]
-        events += th["events_per_s"] * th["seconds"]
-        steps = res.step
-        model = res.model
-        v = float(evaluate(model, val)["auc"])
-        curve.append(round(v, 4))
-        if v > best_auc:
-            best_auc, best_state, best_epoch = v, copy.deepcopy(model.state_dict()), epoch
-        elif epoch >= sz.min_epochs and epoch - best_epoch >= sz.patience:
-            break
-    shutil.rmtree(ckpt, ignore_errors=True)
-    model.load_state_dict(best_state)
-    return model, {"best_epoch": best_epoch, "val_auc": best_auc, "val_curve": curve, "train_seconds": seconds,
-                   "train_steps": steps, "train_tokens_per_s": tokens / max(seconds, 1e-9),
-                   "train_events_per_s": events / max(seconds, 1e-9)}
+    tc, train = _train_cfg(sz, seed), world.samples(train_days)
+    res = train_teacher(train, cfg, tc) if kind == "teacher" else train_student(train, probs, cfg, tc)
+    th = res.throughput
+    return res.model, {"best_epoch": res.best_epoch, "val_auc": max(res.val_curve, default=float("nan")),
+                       "val_curve": res.val_curve, "train_seconds": th["seconds"], "train_steps": res.step,
+                       "train_tokens_per_s": th["tokens_per_s"], "train_events_per_s": th["events_per_s"]}
 
 
 def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: dict, save) -> None:
@@ -374,10 +394,11 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
     workdir.mkdir(parents=True, exist_ok=True)
     key = lambda v: f"{world.name}|{v}|{seed}"  # noqa: E731
     probs_path = workdir / f"teacher-probs-seed{seed}.parquet"
-    kd_needs_probs = "student_kd" in variants and key("student_kd") not in results and not probs_path.exists()
+    kd = [v for v in variants if v == "student_kd" or (v in LEVERS and LEVERS[v][0] == "kd")]
+    kd_needs_probs = any(key(v) not in results for v in kd) and not probs_path.exists()
     if "teacher" in variants and (key("teacher") not in results or kd_needs_probs):
         t0 = time.perf_counter()
-        model, fit = fit_best_epoch("teacher", tcfg, None, world, sz, seed, workdir)
+        model, fit = fit_model("teacher", tcfg, None, world.train_days, world, sz, seed)
         results[key("teacher")] = {**_metrics(evaluate(model, evald)), **fit}
         # the teacher's probabilities on the student's training days (TM20K: cached teacher logits)
         probs = predict(model, world.samples(world.train_days), with_labels=True)
@@ -385,12 +406,23 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
         probs[["impression_id", "p"]].to_parquet(probs_path, index=False)
         _report(world, "teacher", seed, results[key("teacher")], time.perf_counter() - t0)
         save()
+    oot_path = workdir / f"teacher-oot-probs-seed{seed}.parquet"
+    if "student_kd_oot" in variants and key("student_kd_oot") not in results and not oot_path.exists():
+        # as in the pipeline: KD targets from a teacher that never trained on them. A teacher on the first half
+        # of the training days scores the second half; the first half gets no KD term (no teacher probability).
+        half = len(world.train_days) // 2
+        model, _ = fit_model("teacher", tcfg, None, world.train_days[:half], world, sz, seed)
+        predict(model, world.samples(world.train_days[half:]))[["impression_id", "p"]].to_parquet(oot_path, index=False)
     for v in variants:
         if v == "teacher" or key(v) in results:
             continue
         t0 = time.perf_counter()
-        probs = pd.read_parquet(probs_path) if v == "student_kd" else None
-        model, fit = fit_best_epoch(v, student_variant(scfg, v), probs, world, sz, seed, workdir)
+        if v in LEVERS and LEVERS[v][0] == "teacher":
+            model, fit = fit_model("teacher", LEVERS[v][1](tcfg), None, world.train_days, world, sz, seed)
+        else:
+            probs = pd.read_parquet(oot_path if v == "student_kd_oot" else probs_path) if v in kd + ["student_kd_oot"] \
+                else None
+            model, fit = fit_model("student", student_variant(scfg, v), probs, world.train_days, world, sz, seed)
         results[key(v)] = {**_metrics(evaluate(model, evald)), **fit}
         _report(world, v, seed, results[key(v)], time.perf_counter() - t0)
         save()
@@ -427,8 +459,8 @@ def _per_seed(results, world, v, seeds, k):
 def table(world: World, results: dict, seeds: list[int], variants: list[str], extra: dict) -> str:
     b = extra["baseline"]
     lines = [f"#### {world.name}", "",
-             f"Train {world.train_days[0]}..{world.train_days[-1]} ({len(world.train_days)} days), validation "
-             f"{_span(world.val_days)}, "
+             f"Train {world.train_days[0]}..{world.train_days[-1]} ({len(world.train_days)} days; the latest "
+             f"impressions of {world.train_days[-1]} held out to pick the pass and calibrate), "
              f"out-of-time test {_span(world.eval_days)} ({len(world.eval_days)} day(s): "
              f"{int(b['n']):,} impressions of {_n_users(world):,} users, CTR {b['ctr']:.4f}). "
              f"Mean ± sd over seeds {', '.join(map(str, seeds))}." + (f" {world.note}" if world.note else ""), ""]
@@ -459,6 +491,11 @@ def table(world: World, results: dict, seeds: list[int], variants: list[str], ex
                      f"tested impressions (joined by impression_id, scored against the pipeline's labels); the runner's "
                      f"per-day figure (serving, every logged impression): "
                      + ", ".join(f"{d} {v:.4f}" for d, v in o["runner_auc_serving"].items() if v is not None) + ".")
+    if "oracle" in extra:
+        for v in [v for v in variants if v == "teacher" or LEVERS.get(v, ("",))[0] == "teacher"]:
+            gap = [extra["oracle"]["auc_serving"] - x for x in _per_seed(results, world, v, seeds, "auc")]
+            if not math.isnan(_mean_sd(gap)[0]):
+                lines.append(f"Oracle (serving visibility) - {LABELS[v]}: {_fmt(*_mean_sd(gap))} AUC.")
     t_in = _mean_sd(_per_seed(results, world, "teacher", seeds, "in_sample_auc"))
     if not math.isnan(t_in[0]):
         lines.append(f"Teacher AUC on its own training days (the KD targets): {_fmt(*t_in)}.")
@@ -527,6 +564,13 @@ def derived(world: World, results: dict, seeds: list[int], variants: list[str]) 
     row("teacher - no-history student", "teacher", "no_history", "TM20K: the full-token teacher is the upper bound", +1)
     row("teacher - student (no KD)", "teacher", "student", "TM20K: teacher +0.11 % rel. over the student", +1)
     row("KD: student with KD - student without", "student_kd", "student", "TM20K: +0.07 % rel.", +1)
+    row("KD from a teacher that did not train on those days - student (no KD)", "student_kd_oot", "student",
+        "issue #18: the pipeline's KD targets are out of time", +1)
+    for v, (kind, _, label) in LEVERS.items():
+        base = "teacher" if kind == "teacher" else "student_kd"
+        row(f"{label} - {LABELS[base]}", v, base, "issue #18 lever", +1)
+        if kind == "kd":
+            row(f"{label} - student (no KD)", v, "student", "issue #18: KD that pays", +1)
     row("no cross features - student (no KD)", "no_cross_features", "student",
         "MTGR: -1.25 pp CTR GAUC without its cross features", -1)
     for v in ABLATIONS:
@@ -558,45 +602,40 @@ def main(argv=None) -> int:
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--_build-samples":
         return _build_samples_child(Path(sys.argv[2]))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default=None, help="simulated world preset: tiny, demo (default), large")
-    p.add_argument("--world-seed", type=int, default=0, help="simulator seed (default 0)")
+    p.add_argument("--worlds", default=",".join(WORLDS), help=f"comma-separated, of {', '.join(WORLDS)} (default all)")
     p.add_argument("--seeds", type=int, default=None, help="training seeds 0..N-1 (default 3; --quick 1)")
     p.add_argument("--days", type=int, default=None, help="use only the first N simulated days (default all)")
-    p.add_argument("--val-days", type=int, default=1, help="days after the training days that pick the epoch")
     p.add_argument("--eval-days", type=int, default=1, help="last days, evaluated out of time (default 1)")
-    p.add_argument("--epochs", type=int, default=None, help="most epochs per model (default 6; --quick 4)")
+    p.add_argument("--epochs", type=int, default=None, help="most passes per model (default 12; --quick 4)")
     p.add_argument("--only", default=None, help="comma-separated subset of the models, e.g. student,no_lptm "
                                                  "(student_kd needs teacher)")
     p.add_argument("--quick", action="store_true",
-                   help="tiny world, 1 seed, small models, 4 epochs, a 15-day MovieLens slice")
+                   help="tiny world, 1 seed, small models, 4 passes at most, a 15-day MovieLens slice")
     p.add_argument("--home", default="/tmp/genrank-quality", help="where the worlds are built and cached")
-    p.add_argument("--no-movielens", action="store_true", help="skip MovieLens")
-    p.add_argument("--movielens-only", action="store_true", help="skip the simulated world")
+    p.add_argument("--movielens", action="store_true", help="also MovieLens (no history effect there, see RESULTS)")
+    p.add_argument("--movielens-only", action="store_true", help="skip the simulated worlds")
     p.add_argument("--ml-src", default=str(ROOT.parent / "shared" / "data" / "movielens_latest_small"))
     p.add_argument("--ml-since", default=None, help="first MovieLens day landed (default 2015-11-02)")
     p.add_argument("--ml-until", default=None, help="last MovieLens day landed (default 2015-11-18)")
-    p.add_argument("--ml-val-days", type=int, default=None, help="default 3")
     p.add_argument("--ml-eval-days", type=int, default=None, help="default 5")
     p.add_argument("--ml-seeds", type=int, default=None, help="training seeds on MovieLens (default 10: a model "
                                                                  "trains there in seconds; --quick 1)")
-    p.add_argument("--ml-epochs", type=int, default=30, help="most epochs per model on MovieLens (patience 4)")
+    p.add_argument("--ml-epochs", type=int, default=30, help="most passes per model on MovieLens (patience 4)")
     p.add_argument("--threads", type=int, default=int(os.environ.get("GENRANK_TORCH_THREADS", "1")))
     p.add_argument("--out", default=None, help="also write the report (markdown) to this file")
     a = p.parse_args(argv)
     q = a.quick
-    preset = a.preset or ("tiny" if q else "demo")
     n_seeds = a.seeds if a.seeds is not None else (1 if q else 3)
     ml_since = a.ml_since or ("2018-02-13" if q else "2015-11-02")
     ml_until = a.ml_until or ("2018-02-27" if q else "2015-11-18")
-    ml_val = a.ml_val_days if a.ml_val_days is not None else 3
     ml_eval = a.ml_eval_days if a.ml_eval_days is not None else 5
     sz = Sizes()
     if q:
         sz = dataclasses.replace(sz, d_model=32, teacher_max_len=512, student_max_len=256, epochs=4)
     if a.epochs:
         sz = dataclasses.replace(sz, epochs=a.epochs)
-    # MovieLens slices are small (hundreds to a few thousand ratings): more, cheap epochs, more patience
-    # and smaller batches, else an epoch is one or two optimizer steps
+    # MovieLens slices are small (hundreds to a few thousand ratings): more, cheap passes, more patience
+    # and smaller batches, else a pass is one or two optimizer steps
     ml_sz = dataclasses.replace(sz, epochs=a.ml_epochs, patience=4, token_budget=512)
 
     import torch
@@ -606,8 +645,12 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     started = time.perf_counter()
     seeds = list(range(n_seeds))
-    variants = ["no_history", "teacher", "student", "student_kd", "no_cross_features", *ABLATIONS]
+    variants = ["no_history", "teacher", "student", "student_kd", "student_kd_oot", *LEVERS, "no_cross_features",
+                *ABLATIONS]
     if a.only:
+        unknown = set(a.only.split(",")) - set(variants)
+        if unknown:
+            p.error(f"--only: unknown model(s) {', '.join(sorted(unknown))}")
         variants = [v for v in variants if v in a.only.split(",")]
     home = Path(a.home).resolve()
     command = "benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -615,16 +658,21 @@ def main(argv=None) -> int:
               f"{os.cpu_count()} CPU(s), torch {torch.__version__}, {a.threads} thread(s)). Models: d={sz.d_model}, "
               f"{sz.n_heads} heads, teacher {sz.teacher_layers} layers / {sz.teacher_max_len} tokens, student "
               f"{sz.student_layers} layers / {sz.student_max_len} events (LITM T=3, PATM, LPTM every 2 layers, KD lambda "
-              f"{sz.kd_lambda:g}); AdamW lr {sz.lr:g}, wd {sz.weight_decay:g}, {sz.token_budget} tokens per batch, at "
-              f"most {sz.epochs} epochs; each model runs at least {sz.min_epochs}, stops after {sz.patience} without a better "
-              "validation AUC and keeps its best epoch.")
+              f"{sz.kd_lambda:g}, temperature {sz.kd_temperature:g}); AdamW lr {sz.lr:g}, wd {sz.weight_decay:g}, "
+              f"{sz.token_budget} tokens per batch, at most {sz.epochs} passes; the latest {sz.holdout:.0%} of the newest "
+              f"training day's impressions pick the pass (stop after {sz.patience} without a better AUC, keep the best) and "
+              "fit the per-bucket calibration.")
     print(header, flush=True)
-    worlds = [] if a.movielens_only else [(prepare_simulated(home / f"{preset}-s{a.world_seed}", preset, a.world_seed,
-                                                             a.days, a.val_days, a.eval_days), variants, sz, seeds)]
-    if not a.no_movielens:
-        ml = prepare_movielens(home / f"movielens-{ml_since}-{ml_until}", Path(a.ml_src), ml_since, ml_until, ml_val,
-                               ml_eval)
-        ml.note = (f"At most {ml_sz.epochs} epochs, patience {ml_sz.patience}, {ml_sz.token_budget} tokens per batch. "
+    worlds = []
+    if not a.movielens_only:
+        specs = {"tiny": {"preset": "tiny", "seed": 0}} if q else WORLDS
+        for name in (["tiny"] if q else a.worlds.split(",")):
+            if name not in specs:
+                p.error(f"--worlds: unknown world {name!r} (one of {', '.join(specs)})")
+            worlds.append((prepare_simulated(home / name, name, specs[name], a.days, a.eval_days), variants, sz, seeds))
+    if a.movielens or a.movielens_only:
+        ml = prepare_movielens(home / f"movielens-{ml_since}-{ml_until}", Path(a.ml_src), ml_since, ml_until, ml_eval)
+        ml.note = (f"At most {ml_sz.epochs} passes, patience {ml_sz.patience}, {ml_sz.token_budget} tokens per batch. "
                    "MovieLens has no display position "
                    "(every impression is position 1, one bucket): the per-bucket baseline is one CTR per day, so its "
                    "AUC only reflects day-to-day CTR changes.")
@@ -634,12 +682,12 @@ def main(argv=None) -> int:
 
     out = [header, ""]
     for world, wv, wsz, seeds in worlds:
-        print(f"\n{world.name}: train {world.train_days[0]}..{world.train_days[-1]}, validate "
-              f"{world.val_days[0]}..{world.val_days[-1]}, test {world.eval_days[0]}..{world.eval_days[-1]}; "
+        print(f"\n{world.name}: train {world.train_days[0]}..{world.train_days[-1]} (its newest day's latest "
+              f"impressions held out), test {world.eval_days[0]}..{world.eval_days[-1]}; "
               f"models {', '.join(wv)}; seeds {seeds}", flush=True)
         # results are kept per world and reused by a rerun with the same sizes and split (an interrupted run resumes)
         results_path = world.home / "quality" / "results.json"
-        fingerprint = json.dumps({"sizes": dataclasses.asdict(wsz), "train": world.train_days, "val": world.val_days,
+        fingerprint = json.dumps({"sizes": dataclasses.asdict(wsz), "train": world.train_days,
                                   "eval": world.eval_days}, sort_keys=True)
         results = json.loads(results_path.read_text()) if results_path.exists() else {}
         if results.get("_fingerprint") != fingerprint:
