@@ -437,9 +437,10 @@ def _shuffled_labels(samples: Path, dst: Path, seed: int) -> Path:
     rng = np.random.default_rng(seed)
     target = df["is_target"].to_numpy()
     df.loc[target, "label"] = rng.permutation(df.loc[target, "label"].to_numpy())
-    dst.mkdir(parents=True)
-    df.to_parquet(dst / "part-0.parquet", index=False)
-    return dst
+    out = dst / Path(samples).name   # keeps date=D: training holds out the newest day by its date
+    out.mkdir(parents=True)
+    df.to_parquet(out / "part-0.parquet", index=False)
+    return out
 
 
 # -------------------------------------------------------------------------- evaluation and promotion
