@@ -722,11 +722,10 @@ def time_holdout(paths, fraction: float, out_dir: str) -> tuple[list[str], list[
     would have), exactly as on a next day. Returns (training file list, validation file list), written
     under ``out_dir`` as ``{train,val}/date=D/part-0.parquet``; the older days' files are used as they are."""
     files = list_sample_files(paths)
-    dated = sorted({d for d in (_date_of(f) for f in files) if d})
-    if not dated:
-        raise ValueError(f"time_holdout needs date=D partitions; got {files[:3]}")
-    newest = dated[-1]
-    df = pd.concat([pd.read_parquet(f) for f in files if _date_of(f) == newest], ignore_index=True)
+    if not files:
+        raise ValueError(f"time_holdout: no training samples under {paths}")
+    newest = max(_date_of(f) or "" for f in files)  # files outside a date=D folder count as one (newest) day
+    df = pd.concat([pd.read_parquet(f) for f in files if (_date_of(f) or "") == newest], ignore_index=True)
     target = df["is_target"].fillna(False).to_numpy(bool) & (df["event_kind"] == "impression").to_numpy()
     if not target.any():
         raise ValueError(f"time_holdout: the newest day {newest} has no target impressions to hold out")
@@ -736,12 +735,12 @@ def time_holdout(paths, fraction: float, out_dir: str) -> tuple[list[str], list[
     val = val[val.groupby("user_id")["is_target"].transform("any")]
     out = {}
     for name, part in (("train", df[~late]), ("val", val)):
-        folder = os.path.join(out_dir, name, f"date={newest}")
+        folder = os.path.join(out_dir, name, f"date={newest}" if newest else "undated")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, "part-0.parquet")
         part.to_parquet(path, index=False)
         out[name] = path
-    return [f for f in files if _date_of(f) != newest] + [out["train"]], [out["val"]]
+    return [f for f in files if (_date_of(f) or "") != newest] + [out["train"]], [out["val"]]
 
 
 def observed_ctr(paths, n_buckets: int) -> tuple[np.ndarray, np.ndarray]:

@@ -126,6 +126,16 @@ def test_time_holdout_splits_the_newest_day_by_time(samples_dir, tmp_path):
     assert len(earlier) and not earlier["is_target"].any()
 
 
+def test_time_holdout_takes_a_file_outside_a_date_folder_as_the_newest_day(samples_dir, tmp_path):
+    import shutil
+
+    newest = sorted(list_sample_files(samples_dir))[-1]
+    (tmp_path / "loose").mkdir()
+    shutil.copy(newest, tmp_path / "loose" / "part-0.parquet")
+    fit_paths, val_paths = time_holdout(str(tmp_path / "loose"), 0.3, str(tmp_path / "split"))
+    assert len(fit_paths) == 1 and pd.read_parquet(val_paths[0])["is_target"].sum() > 0
+
+
 def test_the_held_out_slice_picks_the_pass_and_the_best_weights_are_kept(samples_dir, tmp_path):
     fit_paths, val_paths = time_holdout(samples_dir, 0.3, str(tmp_path))
     res = train_student(fit_paths, None, tiny_student(), _tc(token_budget=300, epochs=8, patience=2),
