@@ -100,7 +100,9 @@ class Registry:
                 signature=infer_signature(input_example, output_example),
                 pip_requirements=["genrank"],  # the project itself: avoids slow requirement inference
             )
-        mv = self.client.create_model_version(name, info.model_uri, run_id=run_id, tags=tags, description=description)
+        # model_id: a tracking server refuses a models:/ source without the logged model it names
+        mv = self.client.create_model_version(name, info.model_uri, run_id=run_id, tags=tags, description=description,
+                                              model_id=info.model_id)
         self._wait_ready(name, mv.version)
         return mv.version
 
