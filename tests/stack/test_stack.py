@@ -127,7 +127,7 @@ def test_the_daily_job_runs_through_the_stack_as_genrank_run_does(tiny_pipeline,
         assert all(v.source.startswith("mlflow-artifacts:") or v.source.startswith("models:/")
                    for v in ours.client.search_model_versions(f"name='{name}'"))
     champion = ours.by_alias(reg.CTR, "champion")
-    assert champion is not None and champion.version == theirs.by_alias(reg.CTR, "champion").version
+    assert champion is not None and str(champion.version) == str(theirs.by_alias(reg.CTR, "champion").version)
     assert not (home / "mlartifacts").exists()
     assert any((home / "stack" / "mlartifacts").rglob("model.onnx"))
 
@@ -145,7 +145,8 @@ def test_the_daily_job_runs_through_the_stack_as_genrank_run_does(tiny_pipeline,
 
 
 def _versions(registry: reg.Registry, name: str) -> dict[str, dict[str, str]]:
-    return {v.version: dict(v.tags) for v in registry.client.search_model_versions(f"name='{name}'")}
+    """Version (as a string: a tracking server gives strings, the SQLite store ints) -> tags."""
+    return {str(v.version): dict(v.tags) for v in registry.client.search_model_versions(f"name='{name}'")}
 
 
 def _score(port: int, payload: dict, server: Service, timeout_s: float = 300) -> dict:
