@@ -17,6 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import dagster as dg
+
 from pipelines.runner import local_dagster_home
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,6 +73,9 @@ class DagsterStack:
     def __init__(self, home: Path, module: Path, env: dict[str, str], webserver: bool):
         self.home = home
         self.dagster_home = local_dagster_home(home)
+        # The instance's SQLite storages are created, and stamped with their schema head, here: the daemon
+        # and the test opening a fresh instance at once can stamp two heads, and then nothing can open it.
+        dg.DagsterInstance.from_config(str(self.dagster_home)).dispose()
         self.folder = home / "services"
         self.folder.mkdir(exist_ok=True)
         self.workspace = self.folder / "workspace.yaml"
