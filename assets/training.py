@@ -264,7 +264,9 @@ def teacher_logits(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflo
     with tempfile.TemporaryDirectory() as tmp:
         model = load_model(str(r.checkpoint(reg.TEACHER, teacher.version, Path(tmp))))
     pred = predict(model, str(samples), with_labels=True)
-    pred["teacher_version"] = teacher.version
+    # As a string: a tracking server answers versions as strings, the SQLite store as ints, and the bytes of
+    # this partition are part of the student's data_fingerprint (the same day must hash the same on both).
+    pred["teacher_version"] = str(teacher.version)
     day_auc = float(auc(pred["label"].to_numpy(), pred["p"].to_numpy()))
     r.client.log_metric(teacher.run_id, f"auc_{day.replace('-', '_')}", day_auc)
     logged = r.client.get_run(teacher.run_id)
@@ -274,7 +276,7 @@ def teacher_logits(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflo
         f"#/experiments/{logged.info.experiment_id}/runs/{teacher.run_id}"))
     out = _logits_path(paths, day)
     _atomic_parquet(pred[["impression_id", "user_id", "position_bucket", "p", "logit", "label", "teacher_version"]], out)
-    yield dg.Output(None, metadata={"rows": len(pred), "teacher_version": teacher.version, "auc": day_auc,
+    yield dg.Output(None, metadata={"rows": len(pred), "teacher_version": str(teacher.version), "auc": day_auc,
                                     "path": dg.MetadataValue.path(str(out))})
 
 

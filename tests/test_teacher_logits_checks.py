@@ -48,6 +48,14 @@ def test_the_checks_pass_on_what_the_pipeline_cached(home_with_logits):
     assert checks["reproduced_by_teacher"].metadata["rescored_targets"].value > 0
 
 
+def test_the_teacher_version_is_cached_as_a_string(home_with_logits):
+    """The partition's bytes are part of the student's data_fingerprint: an int from the SQLite store and a
+    string from a tracking server would give the same day two fingerprints (issue 15's stack comparison)."""
+    home, day = home_with_logits
+    cached = pd.read_parquet(home / "lake" / "teacher_logits" / f"date={day}" / "part-0.parquet")
+    assert cached["teacher_version"].map(type).eq(str).all()
+
+
 def test_a_partition_of_another_teacher_version_is_refused(home_with_logits):
     home, day = home_with_logits
     _tamper(home, day, lambda f: f.__setitem__("teacher_version", "7"))
