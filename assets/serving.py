@@ -2,15 +2,14 @@
 
 import dagster as dg
 
-from assets.training import ModelSizeConfig
 from deploy.sequence_store import update_day
-from models.config import FeatureConfig
+from models.config import DEMO_SIZES, FeatureConfig
 from pipelines.partitions import daily_partitions
 from pipelines.resources import GenrankPaths, OnlineStoreResource
 
 
 class OnlineStoreConfig(dg.Config):
-    max_events: int = ModelSizeConfig().max_len  # the served student's max_len: older events are cut anyway
+    max_events: int = DEMO_SIZES.max_len  # the served student's max_len: older events are cut anyway
     hash_key: str = FeatureConfig().hash_key     # the ids' hash key (the served student's FeatureConfig)
 
 

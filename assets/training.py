@@ -27,11 +27,12 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
+from deploy import evaluation
 from deploy import registry as reg
-from deploy.gates import GateConfig, evaluate_gates
-from deploy.model_card import ctr_card, teacher_card
-from deploy.onnx_export import OnnxScorer, find_bundle, latency_p99_ms, parity, write_bundle
-from deploy.reports import calibration_figure, metrics_by_bucket
+from deploy.gates import GateConfig
+from deploy.model_card import teacher_card
+from deploy.onnx_export import OnnxScorer, find_bundle, parity, write_bundle
+from models.config import DEMO_SIZES, DEMO_STUDENT_SIZES, DEMO_TEACHER_SIZES, ModelSizes
 from pipelines import settings
 from pipelines.partitions import daily_partitions, run_partition_days
 from pipelines.resources import GenrankPaths, MlflowResource
@@ -43,66 +44,36 @@ GATES = ("auc", "logloss", "calibration", "onnx_parity", "latency")
 
 
 class ModelSizeConfig(dg.Config):
-    """Model sizes for the pipeline on a 2-core CPU; the seed papers' full sizes are the models/ defaults."""
+    """models.config.ModelSizes as run configuration; its defaults are DEMO_SIZES (what preset("demo") builds)."""
 
-    d_model: int = 64
-    teacher_layers: int = 4       # the teacher is the larger model (TM20K); 2 layers left it 0.02-0.04 AUC lower on demo
-    student_layers: int = 2
-    n_heads: int = 2
-    max_len: int = 1024
-    item_buckets: int = 1 << 15
-    # Passes: at most `epochs`; the newest day's latest `holdout` share of impressions picks how many (stop after
-    # `patience` without a better AUC there, keep the best pass) and fits the served head's per-bucket
-    # calibration (TrainConfig.holdout / patience; the same code path as benchmarks/quality.py).
-    epochs: int = 12
-    patience: int = 2
-    holdout: float = 0.2
-    max_steps: int = 800          # caps a day's training on large worlds
-    token_budget: int = 2048      # small packed batches: more optimizer steps per day of data
-    lr: float = 3e-3
-    # BackboneConfig.id_dropout. Trained on demo days 1-5, both models memorise ids after their best pass; with
-    # 0.5 the student holds 0.82-0.83 on days 6-8 by pass 6 where it fell to 0.76-0.78 without it, at the same
-    # peak (benchmarks/RESULTS.md, "The teacher"). The daily student passes over every new day, so it drifts less.
-    id_dropout: float = 0.5
-    seed: int = 0
-    torch_threads: int = int(settings.env("GENRANK_TORCH_THREADS", "1"))  # >1 thrashes on shared cores
-    ckpt_every: int = 50          # steps between resumable checkpoints
+    d_model: int = DEMO_SIZES.d_model
+    teacher_layers: int = DEMO_SIZES.teacher_layers
+    student_layers: int = DEMO_SIZES.student_layers
+    n_heads: int = DEMO_SIZES.n_heads
+    max_len: int = DEMO_SIZES.max_len
+    item_buckets: int = DEMO_SIZES.item_buckets
+    epochs: int = DEMO_SIZES.epochs
+    patience: int = DEMO_SIZES.patience
+    holdout: float = DEMO_SIZES.holdout
+    max_steps: int = DEMO_SIZES.max_steps
+    token_budget: int = DEMO_SIZES.token_budget
+    lr: float = DEMO_SIZES.lr
+    id_dropout: float = DEMO_SIZES.id_dropout
+    seed: int = DEMO_SIZES.seed
+    ckpt_every: int = DEMO_SIZES.ckpt_every
+    torch_threads: int | None = None   # None: GENRANK_TORCH_THREADS, read when the run starts
 
+    def sizes(self) -> ModelSizes:
+        return ModelSizes(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ModelSizes)})
 
-def feature_config(size: ModelSizeConfig):
-    """The pipeline's hashed-id table sizes. feature_config / teacher_config / student_config are the models
-    the pipeline trains; the benchmarks that claim to measure "the pipeline's teacher" build them here."""
-    from models import FeatureConfig
+    def train_config(self):
+        """The TrainConfig of these sizes, with torch's intra-op threads set for the run (>1 thrashes on shared cores)."""
+        import torch
 
-    return FeatureConfig(item_buckets=size.item_buckets, campaign_buckets=1 << 12, advertiser_buckets=1 << 11,
-                         category_buckets=1 << 10, brand_buckets=1 << 12)
+        from models.config import train_config
 
-
-def teacher_config(size: ModelSizeConfig):
-    from models import BackboneConfig, TeacherConfig
-
-    return TeacherConfig(features=feature_config(size), max_len=size.max_len,
-                         backbone=BackboneConfig(d_model=size.d_model, n_layers=size.teacher_layers, n_heads=size.n_heads,
-                                                  id_dropout=size.id_dropout))
-
-
-def student_config(size: ModelSizeConfig):
-    from models import BackboneConfig, StudentConfig
-
-    return StudentConfig(features=feature_config(size), max_len=size.max_len,
-                         backbone=BackboneConfig(d_model=size.d_model, n_layers=size.student_layers, n_heads=size.n_heads,
-                                                  id_dropout=size.id_dropout))
-
-
-def train_config(size: ModelSizeConfig):
-    from models import TrainConfig
-
-    import torch
-
-    torch.set_num_threads(size.torch_threads)
-    return TrainConfig(lr=size.lr, epochs=size.epochs, patience=size.patience, holdout=size.holdout,
-                       max_steps=size.max_steps, token_budget=size.token_budget, seed=size.seed, warmup_steps=5, log_every=1000,
-                       ckpt_every=size.ckpt_every)
+        torch.set_num_threads(self.torch_threads if self.torch_threads is not None else settings.torch_threads())
+        return train_config(self.sizes())
 
 
 def _samples(paths: GenrankPaths, day: str) -> Path:
@@ -110,12 +81,6 @@ def _samples(paths: GenrankPaths, day: str) -> Path:
     if not path.is_dir():
         raise ValueError(f"training_samples partition {day} is missing ({path}): materialise the sequence models first")
     return path
-
-
-def _input_example(samples: Path) -> pd.DataFrame:
-    df = pd.read_parquet(samples)
-    first_user = df["user_id"].iloc[0]
-    return df[df["user_id"] == first_user].head(64).reset_index(drop=True)
 
 
 def _registry(paths: GenrankPaths, mlflow: MlflowResource) -> reg.Registry:
@@ -127,16 +92,11 @@ def _model_card(kind: str, window: str, metrics: dict, extra: str = "") -> str:
     return f"genrank {kind}. Trained on training_samples {window}. {shown}. {extra}".strip()
 
 
-def _flat_metrics(prefix: str, metrics: dict) -> dict[str, float]:
-    return {f"{prefix}{k}": float(v) for k, v in metrics.items()
-            if isinstance(v, (int, float, np.floating)) and np.isfinite(v)}
-
-
 # ----------------------------------------------------------------------------------------- teacher
 
 class TeacherTrainingConfig(ModelSizeConfig):
     window_days: int = 7   # trailing days of training samples (see teacher_model)
-    token_budget: int = 4096
+    token_budget: int = DEMO_TEACHER_SIZES.token_budget
     force: bool = False    # retrain even if a teacher exists for the same data and code
     # Inside the daily run of day D: the first teacher once min_days days of samples precede D (one to
     # train on, one whose history it sees), then a retrain every every_days days (weekly, as production
@@ -168,7 +128,8 @@ def teacher_due(day: str, sample_days_before: list[str], current_window: str | N
                       "records the version that serves the day; teacher_job retrains it on demand.")
 def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConfig, paths: GenrankPaths,
                   mlflow: MlflowResource) -> dg.MaterializeResult:
-    from models import save_model, train_teacher
+    from models import train_teacher
+    from models.config import teacher_config
 
     r = _registry(paths, mlflow)
     day = context.run.tags.get("dagster/partition")   # None when teacher_job runs it on demand
@@ -191,37 +152,22 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConf
         r.client.set_registered_model_alias(reg.TEACHER, "current", existing.version)
         return dg.MaterializeResult(metadata={"version": existing.version, "retrained": False, "reused": True,
                                               "window": f"{days[0]}..{days[-1]}", "reason": f"{why}; same data and code"})
-    cfg = teacher_config(config)
     started = time.perf_counter()
     # A killed run resumes from its checkpoint; the checkpoint goes once the version is registered.
     ckpt_dir = paths.root / "checkpoints" / f"teacher-{fingerprint}-{code}"
     # Every day of the window trains but the newest day's latest impressions (train_config's holdout), which
     # pick the pass and calibrate. Its out-of-time AUC is recorded per day by teacher_logits.
-    result = train_teacher([str(_samples(paths, d)) for d in days], cfg, train_config(config),
-                           ckpt_dir=str(ckpt_dir), resume=True)
+    result = train_teacher([str(_samples(paths, d)) for d in days], teacher_config(config.sizes()),
+                           config.train_config(), ckpt_dir=str(ckpt_dir), resume=True)
     seconds = time.perf_counter() - started
     r.ensure_registered(reg.TEACHER, "Full-token CADET-style teacher; its cached logits distil the student.")
-    exp = r.experiment_id(reg.TEACHER)
-    with tempfile.TemporaryDirectory() as tmp:
-        ckpt = Path(save_model(result.model, str(Path(tmp) / "teacher.safetensors"), metadata={"window": days}))
-        run = r.client.create_run(exp, run_name=f"teacher-{days[-1]}", tags={"window": f"{days[0]}..{days[-1]}"})
-        for k, v in dataclasses.asdict(cfg).items():
-            r.client.log_param(run.info.run_id, k, str(v)[:500])
-        for i, h in enumerate(result.history):
-            if "loss" in h:
-                r.client.log_metric(run.info.run_id, "train_loss", float(h["loss"]), step=i)
-        example = _input_example(folders[-1])
-        from models import predict
-
-        out = predict(result.model, str(folders[-1])).drop(columns=["user_id"]).head(len(example))
-        version = r.log_version(
-            reg.TEACHER, run.info.run_id, ckpt, example, out,
-            tags={"window": f"{days[0]}..{days[-1]}", "data_fingerprint": fingerprint, "code_version": code,
-                  "final_train_loss": f"{result.history[-1]['loss']:.6f}" if result.history else "nan"},
-            description=_model_card("teacher", f"{days[0]}..{days[-1]}", {},
-                                    "Out-of-time AUC per day: metrics auc_YYYY_MM_DD on its run."),
-        )
-        r.client.set_terminated(run.info.run_id)
+    window = f"{days[0]}..{days[-1]}"
+    version = r.register_trained(
+        reg.TEACHER, result.model, result.history, folders[-1], run_name=f"teacher-{days[-1]}",
+        run_tags={"window": window}, checkpoint_metadata={"window": days},
+        tags={"window": window, "data_fingerprint": fingerprint, "code_version": code,
+              "final_train_loss": f"{result.history[-1]['loss']:.6f}" if result.history else "nan"},
+        description=_model_card("teacher", window, {}, "Out-of-time AUC per day: metrics auc_YYYY_MM_DD on its run."))
     r.client.set_registered_model_alias(reg.TEACHER, "current", version)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return dg.MaterializeResult(metadata={
@@ -341,7 +287,7 @@ class StudentTrainingConfig(ModelSizeConfig):
     # a warm-started candidate passes at most this often over its new day (daily incremental training); the
     # day's latest impressions choose how often, as for a cold start (at most `epochs`)
     warm_epochs: int = 4
-    lr: float = 2e-3
+    lr: float = DEMO_STUDENT_SIZES.lr
     force: bool = False          # register a new version even if one exists for this day, data and code
     shuffle_labels: bool = False  # deliberately broken candidate (tests the gates); never in production
 
@@ -357,7 +303,8 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
                       "and the cached teacher probabilities; registered as genrank-ctr with alias 'challenger'.")
 def student_candidate(context: dg.AssetExecutionContext, config: StudentTrainingConfig, paths: GenrankPaths,
                       mlflow: MlflowResource) -> dg.MaterializeResult:
-    from models import load_model, predict, save_model
+    from models import load_model
+    from models.config import student_config
     from models.distributed import train_student_procs
 
     day = context.partition_key
@@ -372,8 +319,7 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         return dg.MaterializeResult(metadata={"version": existing.version, "reused": True})
     previous = _newest_candidate_before(r, day)
     r.ensure_registered(reg.CTR, "The served CTR student (TM20K-style token merging, dual-head distillation).")
-    exp = r.experiment_id(reg.CTR)
-    student_cfg = student_config(config)
+    student_cfg = student_config(config.sizes())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         init = load_model(str(r.checkpoint(reg.CTR, previous.version, tmp / "init"))) if previous is not None else None
@@ -387,29 +333,21 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         started = time.perf_counter()
         ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
         epochs = config.warm_epochs if init is not None else config.epochs
-        train_cfg = dataclasses.replace(train_config(config), epochs=epochs)
+        train_cfg = dataclasses.replace(config.train_config(), epochs=epochs)
         result = train_student_procs(settings.train_procs(), str(train_samples), logits[["impression_id", "p"]],
                                      student_cfg, train_cfg, init_from=init, ckpt_dir=str(ckpt_dir))
         seconds = time.perf_counter() - started
-        ckpt = Path(save_model(result.model, str(tmp / "student.safetensors"), metadata={"partition": day}))
         bundle = write_bundle(result.model, tmp / "serving")  # its parity is a gate of the next day's run
-        run = r.client.create_run(exp, run_name=f"student-{day}", tags={"partition": day})
-        for k, v in dataclasses.asdict(student_cfg).items():
-            r.client.log_param(run.info.run_id, k, str(v)[:500])
-        for i, h in enumerate(result.history):
-            if "loss" in h:
-                r.client.log_metric(run.info.run_id, "train_loss", float(h["loss"]), step=i)
-        example = _input_example(samples)
-        out = predict(result.model, str(samples)).drop(columns=["user_id"]).head(len(example))
         tags = {"partition": day, "data_window": f"{day}..{day}", "teacher_version": teacher_version,
                 "code_version": code, "data_fingerprint": fingerprint,
                 "warm_start_from": previous.version if previous is not None else "none",
                 "broken_on_purpose": str(config.shuffle_labels).lower(), "gate_decision": "pending"}
-        version = r.log_version(reg.CTR, run.info.run_id, ckpt, example, out, tags=tags,
-                                description=_model_card("student candidate", day, {},
-                                                        f"Teacher v{teacher_version}. Awaits the out-of-time gates on the next day."),
-                                extra_artifacts={"serving": bundle.onnx.parent})
-        r.client.set_terminated(run.info.run_id)
+        version = r.register_trained(
+            reg.CTR, result.model, result.history, samples, run_name=f"student-{day}", run_tags={"partition": day},
+            checkpoint_metadata={"partition": day}, tags=tags,
+            description=_model_card("student candidate", day, {},
+                                    f"Teacher v{teacher_version}. Awaits the out-of-time gates on the next day."),
+            extra_artifacts={"serving": bundle.onnx.parent})
     r.client.set_registered_model_alias(reg.CTR, "challenger", version)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return dg.MaterializeResult(metadata={
@@ -453,42 +391,19 @@ class EvaluationConfig(dg.Config):
     calibration_low: float = GateConfig.calibration_band[0]
     calibration_high: float = GateConfig.calibration_band[1]
     calibration_min_clicks: int = GateConfig.calibration_min_clicks
-    latency_budget_ms: float = float(settings.env("GENRANK_LATENCY_BUDGET_MS", str(GateConfig.latency_budget_ms)))
+    latency_budget_ms: float | None = None  # None: GENRANK_LATENCY_BUDGET_MS, read when the run starts
     latency_requests: int = 30   # day D's first user-days, scored one request at a time on the ONNX graph
     parity_tolerance: float = GateConfig.parity_tolerance
     force: bool = False  # promote even if gates fail; recorded on the version
 
-
-def _metrics(pred: pd.DataFrame) -> dict:
-    from models.metrics import summarize_predictions
-
-    out = summarize_predictions(pred)
-    for k, g in pred.groupby("position_bucket"):
-        out[f"bucket{int(k)}_clicks"] = int(g["label"].sum())
-    return out
+    def gate_config(self) -> GateConfig:
+        budget = self.latency_budget_ms if self.latency_budget_ms is not None else settings.latency_budget_ms()
+        return GateConfig(self.auc_tolerance, self.logloss_tolerance, (self.calibration_low, self.calibration_high),
+                          self.calibration_min_clicks, budget, self.parity_tolerance)
 
 
-def _requests(model, samples: Path, n_requests: int) -> list:
-    """The first ``n_requests`` user-days of ``samples`` as one request each: the user's history and all
-    of the day's impressions as candidates, each at its own time, so the delay mask hides the day's
-    newer outcomes (the graph takes per-candidate request times; the service passes one)."""
-    from models.data import PackedLoader
-
-    m = getattr(model, "module", model).eval()
-    loader = PackedLoader(str(samples), m.kind, m.cfg, token_budget=4 * m.cfg.max_len + 4096, seed=None)
-    return [t for toks in loader.iter_epoch(0) for t in toks if len(t.cand_ts)][:n_requests]
-
-
-def _onnx_checks(model, folder: Path, samples: Path, n_requests: int) -> tuple[float, float]:
-    """(max |p_onnx - p_torch|, p99 ms) of the version's ONNX graph on day D's requests; (nan, nan)
-    for a version logged without one, which the gates then refuse."""
-    try:
-        bundle = find_bundle(folder)
-    except FileNotFoundError:
-        return float("nan"), float("nan")
-    scorer = OnnxScorer(bundle.onnx, threads=1)
-    requests = _requests(model, samples, n_requests)
-    return parity(model, scorer, requests).max_abs_diff, latency_p99_ms(scorer, requests)
+def _gates_path(paths: GenrankPaths, day: str) -> Path:
+    return paths.lake_partition("evaluations", day) / "gates.json"
 
 
 @dg.asset(
@@ -500,8 +415,6 @@ def _onnx_checks(model, folder: Path, samples: Path, n_requests: int) -> tuple[f
 )
 def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, paths: GenrankPaths,
                           mlflow: MlflowResource):
-    from models import load_model, predict
-
     day = context.partition_key
     yesterday = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
     samples = _samples(paths, day)
@@ -510,68 +423,25 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
     if challenger is None:
         context.log.info(f"no candidate was trained on {yesterday}: nothing to evaluate on {day}")
         return
-    champion = r.by_alias(reg.CTR, "champion")
-    with tempfile.TemporaryDirectory() as tmp:
-        model = load_model(str(r.checkpoint(reg.CTR, challenger.version, Path(tmp) / "c")))
-        challenger_pred = predict(model, str(samples), with_labels=True)
-        challenger_metrics = _metrics(challenger_pred)
-        onnx_diff, latency = _onnx_checks(model, Path(tmp) / "c", samples, config.latency_requests)
-        # What the challenger is compared with is the registry's answer, never a display string.
-        if champion is not None and champion.version != challenger.version:
-            champ_model = load_model(str(r.checkpoint(reg.CTR, champion.version, Path(tmp) / "p")))
-            reference, reference_name = _metrics(predict(champ_model, str(samples), with_labels=True)), f"champion v{champion.version}"
-            reference_kind = "champion"
-        elif champion is not None:
-            reference, reference_name, reference_kind = challenger_metrics, f"champion v{champion.version}", "itself"
-            context.log.warning(f"genrank-ctr v{challenger.version} is already the champion (a rerun after its promotion): "
-                                "the AUC and log-loss gates have nothing to compare")
-        else:
-            reference, reference_name = _metrics(sequences.bucket_ctr_baseline(paths.root, day)), "baseline"
-            reference_kind = "baseline"
-    gate_cfg = GateConfig(config.auc_tolerance, config.logloss_tolerance,
-                          (config.calibration_low, config.calibration_high), config.calibration_min_clicks,
-                          config.latency_budget_ms, config.parity_tolerance)
-    gates = evaluate_gates(challenger_metrics, reference, reference_name, latency, onnx_diff, gate_cfg, reference_kind)
-    approved = all(g.passed for g in gates)
-    decision = "approved" if approved else ("forced" if config.force else "refused")
-    reasons = "; ".join(g.reason for g in gates if not g.passed) or "all gates passed"
-    r.tag(reg.CTR, challenger.version, {
-        "gate_decision": decision, "gate_reasons": reasons, "evaluated_on": day, "compared_with": reference_name,
-        **{f"oot_{k}": f"{v:.6f}" for k, v in _flat_metrics("", challenger_metrics).items()},
-        "latency_p99_ms": f"{latency:.2f}", "onnx_max_abs_diff": f"{onnx_diff:.2e}",
-    })
-    run = r.client.create_run(r.experiment_id(reg.CTR), run_name=f"evaluation-{day}",
-                              tags={"partition": day, "challenger_version": challenger.version, "decision": decision})
-    for k, v in _flat_metrics("challenger_", challenger_metrics).items():
-        r.client.log_metric(run.info.run_id, k, v)
-    for k, v in _flat_metrics("reference_", reference).items():
-        r.client.log_metric(run.info.run_id, k, v)
-    r.client.log_text(run.info.run_id, "\n".join(f"{g.name}: {'pass' if g.passed else 'FAIL'} - {g.reason}" for g in gates),
-                      "gates.txt")
-    r.client.log_dict(run.info.run_id, metrics_by_bucket(challenger_pred), "metrics_by_bucket.json")
-    figure = calibration_figure(challenger_pred, f"genrank-ctr v{challenger.version} on {day} (out of time)")
-    r.client.log_figure(run.info.run_id, figure, "calibration_by_bucket.png")
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
-    r.client.set_terminated(run.info.run_id)
-    r.client.update_model_version(reg.CTR, challenger.version, description=ctr_card(
-        challenger.version, challenger.tags, day, reference_name, challenger_metrics, reference, gates, decision,
-        f"the challenger_evaluation config (force: true) of Dagster run {context.run_id}" if decision == "forced" else None,
-        run.info.run_id, f"#/experiments/{r.experiment_id(reg.CTR)}/runs/{run.info.run_id}"))
-    gates_path = paths.lake_partition("evaluations", day) / "gates.json"
-    gates_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = gates_path.with_suffix(".tmp")
-    tmp_path.write_text(json.dumps({"challenger_version": challenger.version, "forced": config.force,
-                                    "gates": [dataclasses.asdict(g) for g in gates]}, indent=1))
-    tmp_path.replace(gates_path)
+    scored = evaluation.score(r, challenger, r.by_alias(reg.CTR, "champion"), samples,
+                              lambda: sequences.bucket_ctr_baseline(paths.root, day), config.latency_requests)
+    if scored.reference_kind == "itself":
+        context.log.warning(f"genrank-ctr v{challenger.version} is already the champion (a rerun after its promotion): "
+                            "the AUC and log-loss gates have nothing to compare")
+    gates = evaluation.run_gates(scored, config.gate_config())
+    decision, reasons = evaluation.decide(gates, config.force)
+    evaluation.record(r, challenger, day, scored, gates, decision, reasons,
+                      f"the challenger_evaluation config (force: true) of Dagster run {context.run_id}"
+                      if decision == "forced" else None)
+    gates_path = _gates_path(paths, day)
+    evaluation.write_gates(gates_path, challenger.version, config.force, gates)
     yield dg.Output(None, metadata={
-        "challenger_version": challenger.version, "compared_with": reference_name, "reference_kind": reference_kind,
-        "decision": decision,
-        "reasons": reasons, "challenger_auc": challenger_metrics["auc"], "reference_auc": reference["auc"],
-        "challenger_gauc": challenger_metrics["gauc"], "challenger_logloss": challenger_metrics["logloss"],
-        "reference_logloss": reference["logloss"], "latency_p99_ms": latency, "onnx_max_abs_diff": onnx_diff,
-        "gates": dg.MetadataValue.path(str(gates_path)),
+        "challenger_version": challenger.version, "compared_with": scored.reference_name,
+        "reference_kind": scored.reference_kind, "decision": decision, "reasons": reasons,
+        "challenger_auc": scored.challenger_metrics["auc"], "reference_auc": scored.reference_metrics["auc"],
+        "challenger_gauc": scored.challenger_metrics["gauc"], "challenger_logloss": scored.challenger_metrics["logloss"],
+        "reference_logloss": scored.reference_metrics["logloss"], "latency_p99_ms": scored.latency_p99_ms,
+        "onnx_max_abs_diff": scored.onnx_max_abs_diff, "gates": dg.MetadataValue.path(str(gates_path)),
     })
 
 
@@ -582,15 +452,13 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
 def promotion_gates(context: dg.AssetCheckExecutionContext, paths: GenrankPaths):
     """The gates of the day's evaluation; blocking, so a refused challenger never reaches promotion."""
     [day] = run_partition_days(context.run.tags)
-    recorded = json.loads((paths.lake_partition("evaluations", day) / "gates.json").read_text())
-    for g in recorded["gates"]:
+    challenger_version, forced, gates = evaluation.read_gates(_gates_path(paths, day))
+    for g in gates:
         yield dg.AssetCheckResult(
-            check_name=f"gate_{g['name']}", asset_key="challenger_evaluation",
-            passed=bool(g["passed"] or recorded["forced"]), severity=dg.AssetCheckSeverity.ERROR,
-            description=g["reason"],
-            metadata={"observed": float(g["observed"]), "threshold": float(g["threshold"]), "reason": g["reason"],
-                      "challenger_version": recorded["challenger_version"],
-                      "forced": bool(recorded["forced"] and not g["passed"])})
+            check_name=f"gate_{g.name}", asset_key="challenger_evaluation",
+            passed=bool(g.passed or forced), severity=dg.AssetCheckSeverity.ERROR, description=g.reason,
+            metadata={"observed": float(g.observed), "threshold": float(g.threshold), "reason": g.reason,
+                      "challenger_version": challenger_version, "forced": bool(forced and not g.passed)})
 
 
 @dg.asset(group_name=GROUP, partitions_def=daily_partitions, deps=[challenger_evaluation], pool="training",
@@ -633,7 +501,7 @@ def onnx_model(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: M
         shutil.copy2(bundle.config, staging / bundle.config.name)
         shutil.rmtree(staging / "download")
         scorer = OnnxScorer(staging / bundle.onnx.name, threads=1)
-        requests = _requests(model, _samples(paths, day), 5)
+        requests = evaluation.serving_requests(model, _samples(paths, day), 5)
         check = parity(model, scorer, requests)
         if not check.passed:
             raise ValueError(f"{reg.CTR} v{champion.version}: the exported graph differs from the checkpoint by "

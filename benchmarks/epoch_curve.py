@@ -6,7 +6,7 @@
 Trains one model from scratch on every day but the last `--test-days` (1 torch thread, seed 0) and,
 after each epoch, scores each test day under serving conditions (models.evaluate). Prints one JSON line
 per epoch. The models and their training settings are the pipeline's own (assets/training.py:
-TeacherTrainingConfig / StudentTrainingConfig through teacher_config / student_config / train_config),
+models/config.py: DEMO_TEACHER_SIZES / DEMO_STUDENT_SIZES through teacher_config / student_config / train_config),
 except that the epoch count is the curve's and no step floor or cap applies; `--id-dropout`, `--layers` and
 `--no-cross-features` change one thing at a time.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from assets.training import (StudentTrainingConfig, TeacherTrainingConfig, student_config, teacher_config,  # noqa: E402
-                             train_config)
+from models.config import (DEMO_STUDENT_SIZES, DEMO_TEACHER_SIZES, student_config, teacher_config,  # noqa: E402
+                           train_config)
 from models.student import Student  # noqa: E402
 from models.teacher import Teacher  # noqa: E402
 from models.train import evaluate, fit  # noqa: E402
@@ -46,8 +46,9 @@ def main() -> None:
     train, test = [str(p) for p in days[:-a.test_days]], days[-a.test_days:]
     teacher = a.kind == "teacher"
     overrides = {k: v for k, v in {"id_dropout": a.id_dropout, ("teacher_layers" if teacher else "student_layers"):
-                                   a.layers, "torch_threads": 1}.items() if v is not None}
-    size = TeacherTrainingConfig(**overrides) if teacher else StudentTrainingConfig(**overrides)
+                                   a.layers}.items() if v is not None}
+    size = dataclasses.replace(DEMO_TEACHER_SIZES if teacher else DEMO_STUDENT_SIZES, **overrides)
+    torch.set_num_threads(1)
     cfg = teacher_config(size) if teacher else student_config(size)
     if a.no_cross_features:
         cfg = dataclasses.replace(cfg, features=dataclasses.replace(cfg.features, cross_windows_days=()))

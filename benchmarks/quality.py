@@ -310,14 +310,14 @@ class Sizes:
     weight_decay: float = 0.1
     kd_lambda: float = 50.0      # StudentConfig.kd_lambda (TM20K)
     kd_temperature: float = 1.0  # StudentConfig.kd_temperature
-    id_dropout: float = 0.5      # as the pipeline (assets/training.py ModelSizeConfig)
+    id_dropout: float = 0.5      # as the pipeline (models/config.py DEMO_SIZES)
 
 
 def _configs(sz: Sizes):
-    from assets.training import ModelSizeConfig, feature_config
     from models import BackboneConfig, StudentConfig, TeacherConfig
+    from models.config import DEMO_SIZES, feature_config
 
-    fc = feature_config(ModelSizeConfig())
+    fc = feature_config(DEMO_SIZES)
     teacher = TeacherConfig(features=fc, max_len=sz.teacher_max_len,
                             backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.teacher_layers, n_heads=sz.n_heads,
                                                     id_dropout=sz.id_dropout))

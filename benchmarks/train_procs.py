@@ -11,13 +11,16 @@ import sys
 import time
 from pathlib import Path
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from assets.training import ModelSizeConfig, student_config, train_config  # noqa: E402
 from models import predict  # noqa: E402
+from models.config import DEMO_SIZES, student_config, train_config  # noqa: E402
 from models.distributed import train_student_procs  # noqa: E402
 
 
@@ -26,11 +29,12 @@ def main() -> None:
     parser.add_argument("--home", required=True)
     parser.add_argument("--day", required=True)
     parser.add_argument("--procs", type=int, default=2)
-    parser.add_argument("--id-dropout", type=float, default=ModelSizeConfig().id_dropout)
+    parser.add_argument("--id-dropout", type=float, default=DEMO_SIZES.id_dropout)
     args = parser.parse_args()
     samples = f"{args.home}/lake/training_samples/date={args.day}"
     logits = pd.read_parquet(f"{args.home}/lake/teacher_logits/date={args.day}")[["impression_id", "p"]]
-    size = ModelSizeConfig(id_dropout=args.id_dropout)
+    size = dataclasses.replace(DEMO_SIZES, id_dropout=args.id_dropout)
+    torch.set_num_threads(1)  # as the pipeline (GENRANK_TORCH_THREADS)
     results = {}
     for procs in (1, args.procs):
         started = time.perf_counter()

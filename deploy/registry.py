@@ -7,13 +7,25 @@ is a pyfunc model logged as code (``deploy/pyfunc_model.py``, MLflow's models-fr
 pickled) over the safetensors checkpoint, with an input example and a signature; its tags carry the
 data window, teacher version, code version, metrics, the gate decision and the sha256 of the ONNX
 graph that serves (checked by the service before it swaps), and its description is a short model card.
+
+**A registration is all or nothing.** Registering takes several requests (the run's model and artifacts,
+the version, waiting for it to be READY), and a tracking server can go away between any two of them; its
+client also repeats a request whose answer it lost, which can create a version twice. So a version is
+created with ``registration=in_progress`` among its tags (one request: the tags and the version are one
+row) and marked ``complete`` as the last write of :meth:`Registry.log_version`. :meth:`Registry.find`
+never returns an unfinished version, so no step reuses, evaluates or promotes one, and no alias is moved
+before log_version returns; the next registration with the same identity (partition, data fingerprint,
+code version) deletes those an earlier, failed attempt left. Versions registered before this tag existed
+count as complete.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +39,9 @@ CTR = "genrank-ctr"
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 PYFUNC_CODE = Path(__file__).resolve().with_name("pyfunc_model.py")
 CHECKPOINT_GLOB = "*.safetensors"
+REGISTRATION_TAG, IN_PROGRESS, COMPLETE = "registration", "in_progress", "complete"
+# What makes two registrations the same model: an unfinished version with these tags equal is an earlier attempt.
+IDENTITY_TAGS = ("partition", "data_fingerprint", "code_version")
 
 
 def code_version() -> str:
@@ -45,6 +60,13 @@ def data_fingerprint(paths: list[Path]) -> str:
             h.update(f.name.encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:12]
+
+
+def input_example(samples: Path) -> pd.DataFrame:
+    """The first user-day of a training_samples partition (at most 64 events): a registered version's example."""
+    df = pd.read_parquet(samples)
+    first_user = df["user_id"].iloc[0]
+    return df[df["user_id"] == first_user].head(64).reset_index(drop=True)
 
 
 @dataclass
@@ -82,7 +104,7 @@ class Registry:
                     extra_artifacts: dict[str, Path] | None = None) -> str:
         """Log the checkpoint (and ``extra_artifacts``, e.g. the ONNX graph that serves, whose sha256
         becomes the version's ``onnx_sha256`` tag) as a pyfunc model under ``run_id`` and register it;
-        returns the version."""
+        returns the version, complete (module docstring), after deleting what failed attempts left."""
         import mlflow
         from mlflow.models import infer_signature
 
@@ -101,10 +123,38 @@ class Registry:
                 pip_requirements=["genrank"],  # the project itself: avoids slow requirement inference
             )
         # model_id: a tracking server refuses a models:/ source without the logged model it names
-        mv = self.client.create_model_version(name, info.model_uri, run_id=run_id, tags=tags, description=description,
-                                              model_id=info.model_id)
+        mv = self.client.create_model_version(name, info.model_uri, run_id=run_id, description=description,
+                                              tags={**tags, REGISTRATION_TAG: IN_PROGRESS}, model_id=info.model_id)
         self._wait_ready(name, mv.version)
+        self.client.set_model_version_tag(name, mv.version, REGISTRATION_TAG, COMPLETE)
+        identity = {k: tags[k] for k in IDENTITY_TAGS if k in tags}
+        for leftover in self.client.search_model_versions(f"name = '{name}'"):
+            if leftover.tags.get(REGISTRATION_TAG) == IN_PROGRESS and all(leftover.tags.get(k) == v for k, v in identity.items()):
+                self.client.delete_model_version(name, leftover.version)
         return mv.version
+
+    def register_trained(self, name: str, model, history: list[dict], samples: Path, run_name: str,
+                         run_tags: dict[str, str], checkpoint_metadata: dict, tags: dict[str, str], description: str,
+                         extra_artifacts: dict[str, Path] | None = None) -> str:
+        """Record a freshly trained ``model`` as one MLflow run of the experiment ``name`` (its config as
+        parameters, ``train_loss`` per step of ``history``) and register it as a new version of ``name``
+        (log_version), with ``samples``' first user-day as the input example; returns the version."""
+        from models import predict, save_model
+
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = Path(save_model(model, str(Path(tmp) / f"{model.kind}.safetensors"), metadata=checkpoint_metadata))
+            run_id = self.client.create_run(self.experiment_id(name), run_name=run_name, tags=run_tags).info.run_id
+            for k, v in dataclasses.asdict(model.cfg).items():
+                self.client.log_param(run_id, k, str(v)[:500])
+            for i, h in enumerate(history):
+                if "loss" in h:
+                    self.client.log_metric(run_id, "train_loss", float(h["loss"]), step=i)
+            example = input_example(samples)
+            output = predict(model, str(samples)).drop(columns=["user_id"]).head(len(example))
+            version = self.log_version(name, run_id, checkpoint, example, output, tags=tags, description=description,
+                                       extra_artifacts=extra_artifacts)
+            self.client.set_terminated(run_id)
+        return version
 
     def ensure_registered(self, name: str, description: str) -> None:
         from mlflow.exceptions import MlflowException
@@ -130,14 +180,15 @@ class Registry:
             return None
 
     def find(self, name: str, **tags: str):
-        """The newest version of ``name`` whose tags match all of ``tags`` (None if none)."""
+        """The newest complete version of ``name`` whose tags match all of ``tags`` (None if none)."""
         from mlflow.exceptions import MlflowException
 
         try:
             versions = self.client.search_model_versions(f"name = '{name}'")
         except MlflowException:
             return None
-        hits = [v for v in versions if all(v.tags.get(k) == str(t) for k, t in tags.items())]
+        hits = [v for v in versions if v.tags.get(REGISTRATION_TAG) != IN_PROGRESS
+                and all(v.tags.get(k) == str(t) for k, t in tags.items())]
         return max(hits, key=lambda v: int(v.version)) if hits else None
 
     def artifact(self, name: str, version: str, dst: Path, pattern: str) -> Path:

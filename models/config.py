@@ -3,7 +3,7 @@
 Every default names its source: CADET = seed 000, TM20K = seed 001,
 HSTU/MTGR = seed 002, SORT = seed 003 (../shared/seeds). Defaults that the
 seeds do not give are marked "ours". Model *sizes* default to the seeds'
-production values; tests and the demo preset override them with tiny ones.
+production values; ModelSizes (the pipeline's, preset "demo") and the tiny preset override them.
 """
 from __future__ import annotations
 
@@ -176,22 +176,81 @@ def from_dict(cls, d: dict):
     return _build(cls, d)
 
 
+@dataclass(frozen=True)
+class ModelSizes:
+    """The sizes and training settings of the models the pipeline trains and serves, sized for a 2-core CPU
+    (the seeds' full sizes are the other configs' defaults). ``DEMO_SIZES`` is what the pipeline runs (its
+    Dagster run configuration defaults to it) and what ``preset("demo")`` builds."""
+
+    d_model: int = 64
+    teacher_layers: int = 4       # the teacher is the larger model (TM20K); 2 layers left it 0.02-0.04 AUC lower on demo
+    student_layers: int = 2
+    n_heads: int = 2
+    max_len: int = 1024           # the teacher's tokens and the student's events
+    item_buckets: int = 1 << 15
+    # Passes: at most `epochs`; the newest day's latest `holdout` share of impressions picks how many (stop after
+    # `patience` without a better AUC there, keep the best pass) and fits the served head's per-bucket
+    # calibration (TrainConfig.holdout / patience; the same code path as benchmarks/quality.py).
+    epochs: int = 12
+    patience: int = 2
+    holdout: float = 0.2
+    max_steps: int = 800          # caps a day's training on large worlds
+    token_budget: int = 2048      # small packed batches: more optimizer steps per day of data
+    lr: float = 3e-3
+    # BackboneConfig.id_dropout. Trained on demo days 1-5, both models memorise ids after their best pass; with
+    # 0.5 the student holds 0.82-0.83 on days 6-8 by pass 6 where it fell to 0.76-0.78 without it, at the same
+    # peak (benchmarks/RESULTS.md, "The teacher"). The daily student passes over every new day, so it drifts less.
+    id_dropout: float = 0.5
+    seed: int = 0
+    ckpt_every: int = 50          # steps between resumable checkpoints
+
+
+DEMO_SIZES = ModelSizes()
+# What the pipeline trains each model with where it departs from DEMO_SIZES (the defaults of
+# assets/training.py's TeacherTrainingConfig and StudentTrainingConfig): the teacher's window of days takes
+# larger batches, and the daily student, warm-started, a smaller step.
+DEMO_TEACHER_SIZES = dataclasses.replace(DEMO_SIZES, token_budget=4096)
+DEMO_STUDENT_SIZES = dataclasses.replace(DEMO_SIZES, lr=2e-3)
+
+
+def feature_config(sizes: ModelSizes) -> FeatureConfig:
+    """The hashed-id table sizes of the models ``sizes`` describes."""
+    return FeatureConfig(item_buckets=sizes.item_buckets, campaign_buckets=1 << 12, advertiser_buckets=1 << 11,
+                         category_buckets=1 << 10, brand_buckets=1 << 12)
+
+
+def _backbone(sizes: ModelSizes, n_layers: int) -> BackboneConfig:
+    return BackboneConfig(d_model=sizes.d_model, n_layers=n_layers, n_heads=sizes.n_heads, id_dropout=sizes.id_dropout)
+
+
+def teacher_config(sizes: ModelSizes) -> TeacherConfig:
+    return TeacherConfig(features=feature_config(sizes), max_len=sizes.max_len,
+                         backbone=_backbone(sizes, sizes.teacher_layers))
+
+
+def student_config(sizes: ModelSizes) -> StudentConfig:
+    return StudentConfig(features=feature_config(sizes), max_len=sizes.max_len,
+                         backbone=_backbone(sizes, sizes.student_layers))
+
+
+def train_config(sizes: ModelSizes) -> TrainConfig:
+    return TrainConfig(lr=sizes.lr, epochs=sizes.epochs, patience=sizes.patience, holdout=sizes.holdout,
+                       max_steps=sizes.max_steps, token_budget=sizes.token_budget, seed=sizes.seed, warmup_steps=5,
+                       log_every=1000, ckpt_every=sizes.ckpt_every)
+
+
 def preset(name: str) -> tuple[TeacherConfig, StudentConfig, TrainConfig]:
     """(teacher, student, train) configs sized for the simulator presets.
 
     tiny  - tests and smoke runs (seconds on one CPU thread)
-    demo  - the default pipeline run on 2 CPU cores (minutes)
+    demo  - the models the pipeline trains and serves (DEMO_SIZES; minutes on 2 CPU cores), with the daily
+            student's training settings (DEMO_STUDENT_SIZES; the teacher's are DEMO_TEACHER_SIZES)
     large - the seeds' sizes (CADET backbone 352 x 8 layers, 4K teacher context), for a GPU
     """
     if name == "large":
         return TeacherConfig(), StudentConfig(), TrainConfig()
     if name == "demo":
-        fc = FeatureConfig(item_buckets=1 << 16, campaign_buckets=1 << 12, advertiser_buckets=1 << 11,
-                           category_buckets=1 << 10, brand_buckets=1 << 12)
-        bb = BackboneConfig(d_model=64, n_layers=4, n_heads=4)
-        tr = TrainConfig(lr=3e-3, weight_decay=0.1, token_budget=16384, warmup_steps=20, log_every=20, ckpt_every=200)
-        return (TeacherConfig(features=fc, backbone=bb, max_len=2048),
-                StudentConfig(features=fc, backbone=dataclasses.replace(bb), max_len=1024), tr)
+        return teacher_config(DEMO_SIZES), student_config(DEMO_SIZES), train_config(DEMO_STUDENT_SIZES)
     if name == "tiny":
         fc = FeatureConfig(item_buckets=1 << 12, campaign_buckets=512, advertiser_buckets=256, category_buckets=128,
                            brand_buckets=256, surface_buckets=16, device_buckets=16)

@@ -81,6 +81,16 @@ def sensor_interval_s() -> int:
 
 
 def train_procs() -> int:
+def torch_threads() -> int:
+    """GENRANK_TORCH_THREADS: torch intra-op threads for training and evaluation."""
+    return int(env("GENRANK_TORCH_THREADS", VARIABLES["GENRANK_TORCH_THREADS"][0]))
+
+
+def latency_budget_ms() -> float:
+    """GENRANK_LATENCY_BUDGET_MS: the promotion gate's p99 budget for scoring one request."""
+    return float(env("GENRANK_LATENCY_BUDGET_MS", VARIABLES["GENRANK_LATENCY_BUDGET_MS"][0]))
+
+
     """GENRANK_TRAIN_PROCS: processes the student asset trains with (torchrun above 1)."""
     return int(env("GENRANK_TRAIN_PROCS", VARIABLES["GENRANK_TRAIN_PROCS"][0]))
 

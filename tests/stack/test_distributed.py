@@ -8,9 +8,10 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
-from assets.training import ModelSizeConfig, student_config, train_config
 from models import predict
+from models.config import DEMO_SIZES, student_config, train_config
 from models.distributed import train_student_procs
 
 pytestmark = pytest.mark.stack
@@ -26,7 +27,8 @@ def test_two_torchrun_processes_train_the_student_one_process_trains(tiny_pipeli
     day = next(d for d in report.days if (home / "lake" / "teacher_logits" / f"date={d}").exists())
     samples = str(home / "lake" / "training_samples" / f"date={day}")
     logits = pd.read_parquet(home / "lake" / "teacher_logits" / f"date={day}")[["impression_id", "p"]]
-    size = ModelSizeConfig(id_dropout=0.0)
+    size = dataclasses.replace(DEMO_SIZES, id_dropout=0.0)
+    torch.set_num_threads(1)  # as the pipeline (GENRANK_TORCH_THREADS)
     train = dataclasses.replace(train_config(size), epochs=4, max_steps=20)
     one = train_student_procs(1, samples, logits, student_config(size), train)
     two = train_student_procs(2, samples, logits, student_config(size), train)
