@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from deploy.onnx_export import PARITY_TOLERANCE
+
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -26,7 +28,7 @@ class GateConfig:
     calibration_band: tuple[float, float] = (0.75, 1.33)
     calibration_min_clicks: int = 20   # a bucket with fewer clicks is too noisy to judge
     latency_budget_ms: float = 50.0    # p99 scoring time of one request (CADET: p99 < 50 ms)
-    parity_tolerance: float = 1e-4     # max |p_onnx - p_torch|: the served graph must be the trained model
+    parity_tolerance: float = PARITY_TOLERANCE  # max |p_onnx - p_torch|: the served graph must be the trained model
 
 
 @dataclass(frozen=True)
