@@ -17,13 +17,12 @@ instead of relying on the bucket heads alone (CADET's baseline; the default slot
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
+from .backbone import RankingBackbone
 from .config import StudentConfig
 from .data import F_POS, Batch
-from .layers import (AuxHeads, Block, BucketHeads, CrossFeatures, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum,
-                     gather_bucket, init_weights, rope_positions)
+from .layers import aux_loss_sums, ctr_loss_sum, gather_bucket, rope_positions
 from .masks import candidate_bounds, lengths_to_offsets, seq_index
 
 
@@ -42,26 +41,12 @@ def pair_merge(x: torch.Tensor, ts: torch.Tensor, lens: torch.Tensor):
     return xn, tn, new_lens
 
 
-class Student(nn.Module):
+class Student(RankingBackbone):
     kind = "student"
 
     def __init__(self, cfg: StudentConfig):
-        super().__init__()
-        self.cfg = cfg
-        b = cfg.backbone
-        self.embed = TokenEmbedding(cfg.features, b.d_model, b.id_dropout)
-        self.cross = CrossFeatures.maybe(cfg.features, b.d_model)
-        self.blocks = nn.ModuleList([Block(b) for _ in range(b.n_layers)])
-        self.rope = RoPE(cfg.rope, b.d_model // b.n_heads)
-        self.main_head = BucketHeads(b.d_model, b.n_buckets)
-        self.distill_head = BucketHeads(b.d_model, b.n_buckets)
-        self.aux = AuxHeads(b.d_model, b.n_click_types)
-        init_weights(self)
+        super().__init__(cfg, bucket_heads=("main_head", "distill_head"))
         self.last_lengths: list[int] = []  # history tokens per stage (diagnostics)
-
-    def delay_ms(self, serving: bool) -> int:
-        m = self.cfg.mask
-        return int(m.delay_ms) if (serving or m.train_delay) else 0
 
     def merge_layers(self) -> set[int]:
         if not self.cfg.lptm or self.cfg.lptm_every <= 0:

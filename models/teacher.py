@@ -2,32 +2,19 @@
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
+from .backbone import RankingBackbone
 from .config import TeacherConfig
 from .data import Batch
-from .layers import AuxHeads, Block, BucketHeads, CrossFeatures, RoPE, TokenEmbedding, aux_loss_sums, ctr_loss_sum, init_weights, rope_positions
+from .layers import aux_loss_sums, ctr_loss_sum, rope_positions
 from .masks import teacher_bounds
 
 
-class Teacher(nn.Module):
+class Teacher(RankingBackbone):
     kind = "teacher"
 
     def __init__(self, cfg: TeacherConfig):
-        super().__init__()
-        self.cfg = cfg
-        b = cfg.backbone
-        self.embed = TokenEmbedding(cfg.features, b.d_model, b.id_dropout)
-        self.cross = CrossFeatures.maybe(cfg.features, b.d_model)
-        self.blocks = nn.ModuleList([Block(b) for _ in range(b.n_layers)])
-        self.rope = RoPE(cfg.rope, b.d_model // b.n_heads)
-        self.heads = BucketHeads(b.d_model, b.n_buckets)
-        self.aux = AuxHeads(b.d_model, b.n_click_types)
-        init_weights(self)
-
-    def delay_ms(self, serving: bool) -> int:
-        m = self.cfg.mask
-        return int(m.delay_ms) if (serving or m.train_delay) else 0
+        super().__init__(cfg, bucket_heads=("heads",))
 
     def bounds(self, batch: Batch, serving: bool):
         t = batch.tensors
