@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from transforms.atomic import staged_file
 
 DAY_MS = 86_400_000
 SCHEMA = pa.schema([
@@ -121,10 +124,8 @@ def write_training_samples(root: str, start_date: str = "2026-01-10", n_days: in
         df = df.sort_values(["user_id", "ts_ms", "event_rank"], kind="stable")
         df["event_rank"] = df.groupby("user_id").cumcount().astype("int64")
         table = pa.Table.from_pandas(df[[f.name for f in SCHEMA]], schema=SCHEMA, preserve_index=False)
-        ddir = os.path.join(root, f"date={date}")
-        os.makedirs(ddir, exist_ok=True)
-        path = os.path.join(ddir, "part-0.parquet")
-        pq.write_table(table, path + ".tmp", row_group_size=row_group_size)
-        os.replace(path + ".tmp", path)
+        path = os.path.join(root, f"date={date}", "part-0.parquet")
+        with staged_file(Path(path)) as staging:
+            pq.write_table(table, str(staging), row_group_size=row_group_size)
         paths.append(path)
     return paths

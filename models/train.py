@@ -26,12 +26,15 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from transforms.atomic import staged_file
 
 from .config import StudentConfig, TeacherConfig, TrainConfig, from_dict, to_dict
 from .data import PackedLoader, collate, observed_ctr, split_for_ranks, time_holdout
@@ -53,24 +56,15 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
-def _atomic_save(obj, path: str):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def save_model(model: nn.Module, path: str, metadata: dict | None = None) -> str:
     """Weights as safetensors with the kind, config and metadata as JSON in its header (atomic). No pickle:
     whoever can write a checkpoint can change a model's weights, never run code where it is loaded."""
     from safetensors.torch import save_model as save_safetensors
 
     m = _unwrap(model)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    save_safetensors(m, tmp, metadata={"kind": m.kind, "config": json.dumps(to_dict(m.cfg)),
-                                       "metadata": json.dumps(metadata or {})})
-    os.replace(tmp, path)
+    with staged_file(Path(path)) as staging:
+        save_safetensors(m, str(staging), metadata={"kind": m.kind, "config": json.dumps(to_dict(m.cfg)),
+                                                    "metadata": json.dumps(metadata or {})})
     return path
 
 
@@ -134,7 +128,7 @@ def _param_groups(model: nn.Module, wd: float):
     return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _global_counts(model, toks: list, device) -> dict[str, float]:
+def _global_counts(toks: list) -> dict[str, float]:
     tg = [t.targets for t in toks]
     lab = np.concatenate([t.label for t in tg])
     return {"ctr": float(len(lab)), "ctr_distill": float(len(lab)), "click_type": float((lab > 0).sum()),
@@ -191,7 +185,7 @@ def calibration_shifts(pred: pd.DataFrame, n_buckets: int, min_clicks: int = 10)
 
 
 def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teacher_probs=None, val_paths=None,
-        ckpt_dir: str | None = None, resume: bool = True, log_fn=None, base_rate_prior: bool = True) -> TrainResult:
+        ckpt_dir: str | None = None, resume: bool = True, base_rate_prior: bool = True) -> TrainResult:
     """Trains `model` (Teacher or Student) on the samples; see module doc. ``base_rate_prior``: start the
     heads at the training samples' observed CTR per bucket (a fresh model; a warm start keeps its own).
     With ``val_paths`` (a held-out, later slice) the slice picks the pass: scored after every pass, training
@@ -245,9 +239,10 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
 
     def save_ckpt(epoch, bi):
         if ckpt_dir and rank == 0:
-            _atomic_save({"model": core.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
-                          "epoch": epoch, "batch_in_epoch": bi, "rng": torch.get_rng_state(), "kind": kind,
-                          "config": to_dict(core.cfg), "best": best}, _ckpt_path(ckpt_dir))
+            with staged_file(Path(_ckpt_path(ckpt_dir))) as staging:
+                torch.save({"model": core.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                            "step": step, "epoch": epoch, "batch_in_epoch": bi, "rng": torch.get_rng_state(),
+                            "kind": kind, "config": to_dict(core.cfg), "best": best}, staging)
         if world > 1:
             dist.barrier()
 
@@ -259,7 +254,7 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
         if score > best["score"]:
             best.update(score=score, epoch=passes, state={k: v.detach().clone() for k, v in core.state_dict().items()})
         if rank == 0:
-            (log_fn or log.info)(f"{kind} pass {passes} held-out score {score:.4f} (best: pass {best['epoch']})")
+            log.info(f"{kind} pass {passes} held-out score {score:.4f} (best: pass {best['epoch']})")
 
     epoch = epoch0
     while not done and epoch < train.epochs and not (val_paths is not None and best["state"] is not None
@@ -275,7 +270,7 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
             mine = split_for_ranks(gbatch, world)[rank]
             weight = 1.0 if mine else 0.0
             mine = mine or gbatch[:1]
-            counts = _global_counts(core, gbatch, device)
+            counts = _global_counts(gbatch)
             batch = collate(mine).to(device)
             tg = batch.target_tensors(device)
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=amp):
@@ -307,7 +302,7 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
             if rank == 0 and (step % train.log_every == 0 or step == 1):
                 msg = (f"{kind} step {step} epoch {epoch} loss {rec['loss']:.4f} ctr {rec['ctr']:.4f} "
                        f"grad {rec['grad_norm']:.3f} tok/s {rec['tokens_per_s']:.0f}")
-                (log_fn or log.info)(msg)
+                log.info(msg)
             if not math.isfinite(rec["loss"]):
                 raise FloatingPointError(f"non-finite loss at step {step}")
             if train.ckpt_every and step % train.ckpt_every == 0:
@@ -358,14 +353,11 @@ def _fit_with_holdout(model, samples_paths, train: TrainConfig | None, teacher_p
 
 
 def train_teacher(samples_paths, config: TeacherConfig, train: TrainConfig | None = None, val_paths=None,
-                  ckpt_dir: str | None = None, resume: bool = True, init_from=None) -> TrainResult:
+                  ckpt_dir: str | None = None, resume: bool = True) -> TrainResult:
     """Trains the full-token teacher (delay mask on target rows unless config.mask.train_delay=False).
     With train.holdout > 0 (and no val_paths) the newest day's latest targets choose the pass and calibrate."""
     torch.manual_seed((train or TrainConfig()).seed)  # deterministic initialisation
-    model = Teacher(config)
-    if init_from is not None:
-        _warm_start(model, init_from)
-    return _fit_with_holdout(model, samples_paths, train, None, val_paths, ckpt_dir, resume, init_from is not None)
+    return _fit_with_holdout(Teacher(config), samples_paths, train, None, val_paths, ckpt_dir, resume, warm=False)
 
 
 def train_student(samples_paths, teacher_probs, config: StudentConfig, train: TrainConfig | None = None,

@@ -3,7 +3,8 @@
 A writer fills a hidden staging directory beside the target; on success the old directory is moved
 aside, the staging directory renamed into place and the old one deleted. A crash leaves the old
 version (or nothing) plus a hidden ``.tmp-*`` directory that readers never glob. Relies on POSIX
-rename within one filesystem (local disk, HDFS-like stores).
+rename within one filesystem (local disk, HDFS-like stores). It imports nothing of genrank, so models/ and
+deploy/ write through it too instead of keeping temp-then-rename twins.
 """
 
 from __future__ import annotations

@@ -241,6 +241,22 @@ def test_predict_save_load_and_student_distillation(samples_dir, tmp_path):
         assert k in m
 
 
+def test_a_failed_save_leaves_no_file_behind(tmp_path, monkeypatch):
+    """save_model writes through transforms.atomic.staged_file: a write that fails half-way leaves neither a
+    checkpoint nor the partial file (the hand-written temp-then-rename left `<path>.tmp<pid>` behind)."""
+    import safetensors.torch
+
+    def half_written(model, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_model", half_written)
+    with pytest.raises(OSError, match="disk full"):
+        save_model(Student(tiny_student()), str(tmp_path / "student.safetensors"))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_main_head_gradient_ignores_teacher_probabilities(samples_dir):
     cfg = tiny_student()
     model = Student(cfg)
