@@ -14,15 +14,19 @@ Brings up, bound to 127.0.0.1, with state, logs and PID files under ``$GENRANK_H
   ``deploy/dagster.yaml`` (the production truth) with the one rehearsal change, :func:`instance_config`.
 
 Every process is started in its own session with a PID file holding its PID and kernel start time, and
-is stopped only through that file (a PID reused by another process is never signalled). ``up`` is
-idempotent: what runs is reported and left alone. The pipeline processes (the daemon's runs, ``genrank
-serve``) get :func:`pipeline_env`; ``genrank stack env`` prints it for a shell.
+is stopped only through that file (a PID reused by another process is never signalled), together with
+what its session left behind when it died (a code server of a killed daemon: :meth:`Service.stop`).
+``up`` is idempotent: what runs is reported and left alone. The pipeline processes (the daemon's runs,
+``genrank serve``) get :func:`pipeline_env`; ``genrank stack env`` prints it for a shell, with the
+stack's ``GENRANK_START_DATE`` (:meth:`Stack.start_date`). The tests start their own services with
+:class:`Service` too (tests/operating/services.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime as dt
 import json
 import os
 import pwd
@@ -41,12 +45,16 @@ from typing import Callable
 import yaml
 
 from pipelines import settings
+from transforms import landing
 
 REPO = settings.REPO_ROOT
 BIN = Path(sys.executable).parent
 DEPLOY_INSTANCE = REPO / "deploy" / "dagster.yaml"
 PG_USER, PG_DATABASES = "genrank", ("dagster", "mlflow")
 PR_SET_PDEATHSIG = 1   # linux/prctl.h
+# In the environment of every process a Service starts, inherited by its children: what tells `down` that
+# a process left in a service's session after its leader died is one of ours.
+SERVICE_MARKER = "GENRANK_SERVICE"
 
 
 @dataclass(frozen=True)
@@ -83,8 +91,42 @@ class Stack:
     def password_file(self) -> Path:
         return self.folder / "postgres.password"
 
+    @property
+    def start_date_file(self) -> Path:
+        return self.folder / "start_date"
+
     def password(self) -> str:
+        if not self.password_file.exists():
+            raise ValueError(f"no stack under {self.folder}: `genrank stack up --home {self.home}` first")
         return self.password_file.read_text().strip()
+
+    def start_date(self) -> str:
+        """GENRANK_START_DATE of every process of the stack. The code location's first daily partition must be
+        one in the daemon, the webserver and the `genrank` commands of a `genrank stack env` shell (each command
+        would otherwise pin its own from the landing zone, pipelines.runner.prepare_code_location), so it is
+        decided by that same rule (the caller's setting, else the first complete landing day, else the default)
+        when the Dagster services start, and recorded in ``stack/start_date`` for as long as they run."""
+        if self.start_date_file.exists():
+            return self.start_date_file.read_text().strip()
+        return self._requested_start_date() or next(iter(landing.complete_days(self.home)), settings.start_date())
+
+    def _requested_start_date(self) -> str | None:
+        return self.env.get("GENRANK_START_DATE") or os.environ.get("GENRANK_START_DATE") or None
+
+    def _pin_start_date(self, dagster_running: bool) -> None:
+        requested = self._requested_start_date()
+        if dagster_running:
+            if requested is not None and requested != self.start_date():
+                raise ValueError(f"the stack's Dagster services run with GENRANK_START_DATE={self.start_date()} "
+                                 f"({self.start_date_file}), not {requested}: `genrank stack down` first to change it")
+            return
+        self.start_date_file.unlink(missing_ok=True)
+        date = self.start_date()
+        try:
+            dt.date.fromisoformat(date)
+        except ValueError:
+            raise ValueError(f"GENRANK_START_DATE={date!r} is not an ISO date (YYYY-MM-DD)") from None
+        self.start_date_file.write_text(date)
 
     def pg_uri(self, db: str, scheme: str = "postgresql") -> str:
         return f"{scheme}://{PG_USER}:{self.password()}@127.0.0.1:{self.ports.postgres}/{db}"
@@ -100,6 +142,7 @@ class Stack:
             "DAGSTER_PG_DB": "dagster",
             "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{self.ports.mlflow}",
             "GENRANK_SPARK_MASTER": f"spark://127.0.0.1:{self.ports.spark}",
+            "GENRANK_START_DATE": self.start_date(),
             "GENRANK_TRAIN_PROCS": settings.env("GENRANK_TRAIN_PROCS", "2"),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PYSPARK_PYTHON": sys.executable,
@@ -149,8 +192,10 @@ class Stack:
         if not self.password_file.exists():
             self.password_file.write_text(secrets.token_hex(16))
             self.password_file.chmod(0o600)
+        services = self.services()
+        self._pin_start_date(any(s.running_pid(self.folder) for s in services if s.name.startswith("dagster-")))
         timings: dict[str, float] = {}
-        for service in self.services():
+        for service in services:
             pid = service.running_pid(self.folder)
             if pid is not None:
                 log(f"{service.name}: already up (pid {pid})")
@@ -162,7 +207,8 @@ class Stack:
         return timings
 
     def down(self, log: Callable[[str], None] = print) -> list[str]:
-        """Stops every service this stack's PID files name, newest first; returns their names."""
+        """Stops every service this stack's PID files name (and what their sessions left), newest first;
+        returns their names."""
         stopped = []
         for service in reversed(self.services()):
             if service.stop(self.folder):
@@ -288,37 +334,51 @@ class Service:
     def pid_file(self, folder: Path) -> Path:
         return folder / f"{self.name}.pid"
 
+    def marker(self, folder: Path) -> str:
+        return f"{folder.resolve()}/{self.name}"
+
     def describe(self, stack: Stack) -> str:
         ports = ", ".join(f"127.0.0.1:{p}" for p in self.ports) or "no port"
         return f"{ports}; log {stack.folder / 'logs' / f'{self.name}.log'}"
 
-    def running_pid(self, folder: Path) -> int | None:
-        """The PID of the process this stack started, if it still runs (same PID and kernel start time)."""
+    def recorded(self, folder: Path) -> tuple[int, int] | None:
+        """(PID, kernel start time) of the process this service's PID file names, running or not."""
         path = self.pid_file(folder)
         if not path.exists():
             return None
         pid, start = (int(x) for x in path.read_text().split())
-        return pid if _start_time(pid) == start else None
+        return pid, start
 
-    def start(self, stack: Stack, die_with_parent: bool) -> None:
-        for port in self.ports:
-            if _port_open(port):
-                raise ValueError(f"port {port} is in use: {self.name} cannot bind 127.0.0.1:{port} "
-                                 f"(set {_port_variable(self.name)} to a free port)")
-        self.pid_file(stack.folder).unlink(missing_ok=True)   # stale: its process is gone
-        if self.prepare is not None:
-            self.prepare()
-        env = {**os.environ, **stack.pipeline_env(), **self.env}
-        log_path = stack.folder / "logs" / f"{self.name}.log"
+    def running_pid(self, folder: Path) -> int | None:
+        """The PID of the process this stack started, if it still runs (same PID and kernel start time)."""
+        recorded = self.recorded(folder)
+        return recorded[0] if recorded is not None and _start_time(recorded[0]) == recorded[1] else None
+
+    def launch(self, folder: Path, env: dict[str, str], log_path: Path, die_with_parent: bool) -> subprocess.Popen:
+        """Runs the command in a session of its own with ``env`` (the whole environment) and the marker, its
+        output appended to ``log_path``, and writes the PID file into ``folder``; does not wait."""
         as_user = {}
         if self.user is not None:
             entry = pwd.getpwnam(self.user)
             as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(self.command(), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, **as_user,
+            proc = subprocess.Popen(self.command(), env={**env, SERVICE_MARKER: self.marker(folder)}, cwd=REPO,
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, **as_user,
                                     preexec_fn=_die_with_parent if die_with_parent else None)
-        self.pid_file(stack.folder).write_text(f"{proc.pid} {_start_time(proc.pid)}")
+        self.pid_file(folder).write_text(f"{proc.pid} {_start_time(proc.pid)}")
+        return proc
+
+    def start(self, stack: Stack, die_with_parent: bool) -> None:
+        self.stop(stack.folder)   # its leader is gone: what its session left behind goes too
+        for port in self.ports:
+            if _port_open(port):
+                raise ValueError(f"port {port} is in use: {self.name} cannot bind 127.0.0.1:{port} "
+                                 f"(set {_port_variable(self.name)} to a free port)")
+        if self.prepare is not None:
+            self.prepare()
+        log_path = stack.folder / "logs" / f"{self.name}.log"
+        proc = self.launch(stack.folder, {**os.environ, **stack.pipeline_env(), **self.env}, log_path, die_with_parent)
         deadline = time.monotonic() + self.timeout_s
         try:
             while not self.ready():
@@ -334,20 +394,24 @@ class Service:
             raise
 
     def stop(self, folder: Path, timeout_s: float = 60) -> bool:
-        """Stops the process of this service's PID file (its group, for group services); False if none ran."""
-        pid = self.running_pid(folder)
-        if pid is None:
-            self.pid_file(folder).unlink(missing_ok=True)   # stale or absent
+        """Stops the process of this service's PID file (its group, for group services), then whatever its
+        session still holds: when a leader dies without stopping its children (a killed dagster-daemon's code
+        server and runs, a killed worker's executors) they stay in its session, whose id is the leader's PID
+        (the kernel does not reuse it while they live), and carry the service's marker. False if none ran."""
+        recorded = self.recorded(folder)
+        if recorded is None:
             return False
-        kill = os.killpg if self.group else os.kill
-        with contextlib.suppress(ProcessLookupError):
-            kill(pid, self.stop_signal)
-        if not _wait_gone(pid, timeout_s):
-            with contextlib.suppress(ProcessLookupError):
-                kill(pid, signal.SIGKILL)
-            _wait_gone(pid, 30)
+        pid, started = recorded
+        signalled = False
+        if _start_time(pid) == started:
+            kill = os.killpg if self.group else os.kill
+            _terminate([pid], kill, self.stop_signal, timeout_s)
+            signalled = True
+        orphans = _session_members(pid, f"{SERVICE_MARKER}={self.marker(folder)}")
+        if orphans:
+            _terminate(orphans, os.kill, signal.SIGTERM, timeout_s)
         self.pid_file(folder).unlink(missing_ok=True)
-        return True
+        return signalled or bool(orphans)
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -399,6 +463,34 @@ def _start_time(pid: int) -> int | None:
         return None
     fields = stat[stat.rindex(")") + 2:].split()
     return None if fields[0] == "Z" else int(fields[19])
+
+
+def _terminate(pids: list[int], kill: Callable[[int, int], None], sig: int, timeout_s: float) -> None:
+    """``sig`` to each, SIGKILL to those still alive after ``timeout_s``."""
+    for escalation, wait_s in ((sig, timeout_s), (signal.SIGKILL, 30)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                kill(pid, escalation)
+        pids = [pid for pid in pids if not _wait_gone(pid, wait_s)]
+        if not pids:
+            return
+
+
+def _session_members(session: int, marker: str) -> list[int]:
+    """Live processes of the session ``session`` whose environment holds ``marker`` (KEY=value)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text()
+            fields = fields[fields.rindex(")") + 2:].split()
+            if fields[0] == "Z" or int(fields[3]) != session:
+                continue
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue   # gone meanwhile, or another user's
+        if marker.encode() in environ:
+            members.append(int(stat.parent.name))
+    return members
 
 
 def _wait_gone(pid: int, timeout_s: float) -> bool:

@@ -5,26 +5,22 @@ test fails; the webserver's GraphQL API as the UI calls it; and Debian's headles
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import dagster as dg
 
+from deploy import stack
+from deploy.stack import BIN, REPO
 from pipelines.runner import local_dagster_home
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 LOCATION = "genrank"
-PR_SET_PDEATHSIG = 1   # linux/prctl.h
 
 
 def free_port() -> int:
@@ -33,34 +29,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """Linux: the service gets SIGTERM when the test process dies, even when it is killed before its
-    finally blocks run (a timeout, a kill -9), so no service outlives its test."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class Service:
-    """One process group started with a PID file, stopped by that PID (never by name)."""
+    """One started process, stopped by its PID file (never by name): deploy.stack.Service's process handling
+    (its own session, a PID file with the kernel start time, SIGTERM to the group then SIGKILL, whatever its
+    session leaves behind) for a fixed command. It dies with the test process (PR_SET_PDEATHSIG), even when
+    that is killed before its finally blocks run (a timeout, a kill -9), so no service outlives its test."""
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], folder: Path):
-        self.name, self.log = name, folder / f"{name}.log"
-        self.pid_file = folder / f"{name}.pid"
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
-        self.pid_file.write_text(str(self.proc.pid))
+        self.name, self.folder, self.log = name, folder, folder / f"{name}.log"
+        self.process = stack.Service(name, [], lambda: cmd, ready=lambda: True)
+        self.proc = self.process.launch(folder, env, self.log, die_with_parent=True)
 
     def stop(self) -> None:
-        pid = int(self.pid_file.read_text())
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self.pid_file.unlink()
+        self.process.stop(self.folder, timeout_s=30)
 
     def tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]

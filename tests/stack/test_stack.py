@@ -22,9 +22,9 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
-from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
 
 from deploy import registry as reg
+from deploy import stack as stack_module
 from deploy.stack import Ports, Stack
 from pipelines import operating
 from tests.operating.services import BIN, Service, free_port
@@ -193,3 +193,58 @@ def test_down_stops_only_what_its_pid_files_name(tmp_path):
     finally:
         os.kill(bystander.pid, signal.SIGKILL)
         bystander.wait()
+
+
+def test_down_stops_what_a_dead_leaders_session_left_and_nothing_else(tmp_path):
+    """A dagster-daemon killed without stopping its children leaves them (its code server, their runs) in its
+    session: down stops them by that session and the service's marker they inherited; a process of another
+    session is left alone, even with the marker."""
+    stack = Stack(tmp_path, Ports(free_port(), free_port(), _free_spark_ports(), free_port()))
+    (stack.folder / "logs").mkdir(parents=True)
+    daemon = next(s for s in stack.services() if s.name == "dagster-daemon")
+    child_pid_file = tmp_path / "child.pid"
+    leader = stack_module.Service(daemon.name, [], lambda: ["bash", "-c", f"sleep 300 & echo $! > {child_pid_file}; wait"],
+                                  ready=lambda: True)
+    marker = {stack_module.SERVICE_MARKER: daemon.marker(stack.folder)}
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True, env={**os.environ, **marker})
+    proc = leader.launch(stack.folder, dict(os.environ), stack.folder / "logs" / "dagster-daemon.log", die_with_parent=True)
+    child = None
+    try:
+        while not child_pid_file.exists() or not child_pid_file.read_text().strip():
+            time.sleep(0.1)
+        child = int(child_pid_file.read_text())
+        proc.kill()
+        proc.wait()
+        assert stack.status()["dagster-daemon"] is None and stack_module._start_time(child) is not None
+        assert stack.down(log=lambda line: None) == ["dagster-daemon"]
+        assert stack_module._start_time(child) is None and bystander.poll() is None
+        assert not any(stack.folder.glob("*.pid"))
+    finally:
+        for pid in filter(None, (child, bystander.pid)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        bystander.wait()
+
+
+def test_the_stack_pins_one_start_date_for_its_processes(tmp_path, monkeypatch):
+    """GENRANK_START_DATE as `genrank run` decides it (the caller's, else the first complete landing day),
+    recorded while the Dagster services run; a different one then is refused, as is a date that is none."""
+    monkeypatch.delenv("GENRANK_START_DATE", raising=False)
+    stack = Stack(tmp_path, Ports(free_port(), free_port(), _free_spark_ports(), free_port()))
+    with pytest.raises(ValueError, match="genrank stack up"):
+        stack.pipeline_env()
+    stack.folder.mkdir(parents=True)
+    stack.password_file.write_text("secret")
+    assert stack.pipeline_env()["GENRANK_START_DATE"] == "2026-01-01"
+    (tmp_path / "landing" / "date=2026-02-03").mkdir(parents=True)
+    (tmp_path / "landing" / "date=2026-02-03" / "_SUCCESS").write_text("{}")
+    stack._pin_start_date(dagster_running=False)
+    monkeypatch.setenv("GENRANK_START_DATE", "2026-02-01")
+    assert stack.pipeline_env()["GENRANK_START_DATE"] == "2026-02-03"   # recorded: what the services run with
+    with pytest.raises(ValueError, match=r"run with GENRANK_START_DATE=2026-02-03 .* not 2026-02-01: `genrank stack down`"):
+        stack._pin_start_date(dagster_running=True)
+    stack._pin_start_date(dagster_running=False)                          # restarted: the caller's date
+    assert stack.pipeline_env()["GENRANK_START_DATE"] == "2026-02-01"
+    monkeypatch.setenv("GENRANK_START_DATE", "2026-02-30")
+    with pytest.raises(ValueError, match="'2026-02-30' is not an ISO date"):
+        stack._pin_start_date(dagster_running=False)
