@@ -50,6 +50,7 @@ class SparkResource(dg.ConfigurableResource):
     master: str = "local[*]"
     driver_memory: str = "2g"
     shuffle_partitions: int = 4
+    executor_wait_s: float = 300   # a cluster job with no executor this long is cancelled (transforms/spark/session.py)
     _session: object = PrivateAttr(default=None)
 
     def get_session(self):
@@ -60,6 +61,7 @@ class SparkResource(dg.ConfigurableResource):
                 master=self.master,
                 driver_memory=self.driver_memory,
                 shuffle_partitions=self.shuffle_partitions,
+                executor_wait_s=self.executor_wait_s,
             )
         return self._session
 
@@ -100,6 +102,8 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
         "spark": SparkResource(
             master=settings.env("GENRANK_SPARK_MASTER", "local[*]"),
             driver_memory=settings.env("GENRANK_SPARK_DRIVER_MEMORY", "2g"),
+            executor_wait_s=float(settings.env("GENRANK_SPARK_EXECUTOR_WAIT_S",
+                                               settings.VARIABLES["GENRANK_SPARK_EXECUTOR_WAIT_S"][0])),
         ),
         "mlflow": MlflowResource(
             tracking_uri=settings.tracking_uri(home),

@@ -27,6 +27,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_START_DATE": ("2026-01-01; `genrank run`, `demo` and `ui` set it to the first complete landing day", "first daily partition (read when the code location loads)"),
     "GENRANK_SPARK_MASTER": ("local[*]", "spark.master for the events job (any cluster URL works)"),
     "GENRANK_SPARK_DRIVER_MEMORY": ("2g", "spark.driver.memory"),
+    "GENRANK_SPARK_EXECUTOR_WAIT_S": ("300", "on a cluster master: seconds a Spark job may wait with no executor (its workers lost) before it is cancelled and the events step fails"),
     "GENRANK_ATTRIBUTION_WINDOW_MIN": ("60", "minutes after an impression within which a click is attributed to it"),
     "GENRANK_LATE_GRACE_HOURS": ("6", "how long the newest day waits for D+1's files before it is processed without them"),
     "GENRANK_TORCH_THREADS": ("1", "torch intra-op threads for training and evaluation (more thrash on shared cores)"),
@@ -80,7 +81,6 @@ def sensor_interval_s() -> int:
     return int(env("GENRANK_SENSOR_INTERVAL_S", VARIABLES["GENRANK_SENSOR_INTERVAL_S"][0]))
 
 
-def train_procs() -> int:
 def torch_threads() -> int:
     """GENRANK_TORCH_THREADS: torch intra-op threads for training and evaluation."""
     return int(env("GENRANK_TORCH_THREADS", VARIABLES["GENRANK_TORCH_THREADS"][0]))
@@ -91,6 +91,7 @@ def latency_budget_ms() -> float:
     return float(env("GENRANK_LATENCY_BUDGET_MS", VARIABLES["GENRANK_LATENCY_BUDGET_MS"][0]))
 
 
+def train_procs() -> int:
     """GENRANK_TRAIN_PROCS: processes the student asset trains with (torchrun above 1)."""
     return int(env("GENRANK_TRAIN_PROCS", VARIABLES["GENRANK_TRAIN_PROCS"][0]))
 

@@ -12,12 +12,25 @@ Defaults are chosen for a small shared machine and for correctness of the events
 * adaptive query execution on, so small shuffles are coalesced;
 * ``master`` is ``local[*]`` by default; any cluster URL works as long as the data root is reachable
   from the executors (the events job reads and writes plain paths under the data root).
+
+**A lost cluster fails the job in bounded time.** On a cluster master a job whose executors are gone
+does not fail: Spark re-queues its tasks and waits for resources, for ever when no worker comes back
+(a Spark standalone master with its only worker killed, measured in benchmarks/stack_faults.py). So a
+session on a cluster master runs :func:`watch_executors`: once a job has had no executor for
+``executor_wait_s`` seconds, every active job is cancelled with a reason that names the master and what
+was missing, and the action that waits raises it (the events step fails with that message; the daily
+job's retry re-runs the step once a worker is back). Chosen over Dagster's ``dagster/max_runtime`` run
+monitoring, which only knows that a whole run is slow: it would cap the training steps too, fire long
+after the cluster was lost, and say nothing about Spark. The embedded ``local[*]`` master runs its tasks
+in the driver and has no executor to lose: no watchdog there.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 JAVA_INSTALL_HINT = (
@@ -55,12 +68,16 @@ def build_session(
     shuffle_partitions: int = 4,
     app_name: str = "genrank-events",
     extra_conf: dict[str, str] | None = None,
+    executor_wait_s: float = 300,
 ):
     """Create (or return the active) SparkSession configured for genrank.
 
     If a session with a *different* master is active it is stopped first, so ``master`` is always
-    honoured (the benchmark switches between ``local[1]`` and ``local[2]`` this way).
+    honoured (the benchmark switches between ``local[1]`` and ``local[2]`` this way). On a cluster
+    master, a job with no executor for ``executor_wait_s`` seconds is cancelled (:func:`watch_executors`).
     """
+    if executor_wait_s <= 0:
+        raise ValueError(f"executor_wait_s must be positive seconds, got {executor_wait_s}")
     require_java()
     from pyspark.sql import SparkSession
 
@@ -96,4 +113,45 @@ def build_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    if not master.startswith("local"):
+        watch_executors(session.sparkContext, executor_wait_s)
     return session
+
+
+def watch_executors(sc, wait_s: float, poll_s: float = 2.0) -> threading.Thread:
+    """Cancel every active job of ``sc`` once jobs have run for ``wait_s`` seconds with no executor alive.
+
+    A daemon thread polls Spark's status tracker (its executor list always holds the driver, so the
+    executors are the others) and ends with the SparkContext. Time without executors counts only while a
+    job is active, so an idle application whose executors were released is not blamed.
+    """
+    master = sc.master
+
+    def watch() -> None:
+        waiting_since = None
+        while (jsc := sc._jsc) is not None and not jsc.sc().isStopped():
+            tracker = jsc.sc().statusTracker()
+            jobs = list(tracker.getActiveJobIds())
+            if not jobs or len(tracker.getExecutorInfos()) > 1:
+                waiting_since = None
+            elif waiting_since is None:
+                waiting_since = time.monotonic()
+            elif time.monotonic() - waiting_since >= wait_s:
+                reason = (f"because the Spark master {master} gave this application no executor for {wait_s:.0f} s "
+                          f"(no alive worker with free cores and memory, or its workers were lost): start a worker, "
+                          f"then retry")
+                for job in jobs:
+                    jsc.sc().cancelJob(job, reason)
+            time.sleep(poll_s)
+
+    def run() -> None:
+        from py4j.protocol import Py4JError
+
+        try:
+            watch()
+        except (Py4JError, ConnectionError, AttributeError):
+            pass   # the session stopped (its gateway went) between two polls
+
+    thread = threading.Thread(target=run, name=f"genrank-executor-watchdog {master}", daemon=True)
+    thread.start()
+    return thread

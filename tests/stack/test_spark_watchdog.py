@@ -1,0 +1,72 @@
+"""A Spark job on a standalone cluster with no worker fails in bounded time, naming the master and what was
+missing (transforms/spark/session.py watch_executors), and the next session runs once a worker is back:
+the stack's own Spark master and worker (deploy/stack.py), each session in a process of its own so this
+test's JVM never replaces the test session's local Spark."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from deploy.stack import REPO, Ports, Stack
+from tests.operating.services import free_port
+from tests.stack.test_stack import _free_spark_ports
+
+pytestmark = [pytest.mark.stack, pytest.mark.spark]
+
+EXECUTOR_WAIT_S = 15
+JOB = """
+import sys, time
+from transforms.spark.session import build_session
+spark = build_session(master=sys.argv[1], driver_memory="1g", shuffle_partitions=2, executor_wait_s=float(sys.argv[2]))
+started = time.monotonic()
+try:
+    print("rows", spark.range(1000).count(), flush=True)
+except Exception as exc:
+    print(f"failed after {time.monotonic() - started:.0f} s:", str(exc).splitlines()[:3], flush=True)
+spark.stop()
+"""
+
+
+def _start(stack: Stack, name: str, timeout_s: float = 300) -> float:
+    service = next(s for s in stack.services() if s.name == name)
+    started = time.monotonic()
+    service.launch(stack.folder, {**os.environ, **service.env}, stack.folder / f"{name}.log", die_with_parent=True)
+    while not service.ready():
+        assert time.monotonic() - started < timeout_s, (stack.folder / f"{name}.log").read_text()[-3000:]
+        time.sleep(1)
+    return time.monotonic() - started
+
+
+def _job(master: str) -> str:
+    done = subprocess.run([sys.executable, "-c", JOB, master, str(EXECUTOR_WAIT_S)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.timeout(1200)
+def test_a_job_without_executors_fails_naming_the_master_and_runs_once_a_worker_is_back(tmp_path):
+    stack = Stack(tmp_path, Ports(free_port(), free_port(), _free_spark_ports(), free_port()))
+    (stack.folder / "logs").mkdir(parents=True)
+    master = f"spark://127.0.0.1:{stack.ports.spark}"
+    try:
+        print(f"spark-master up in {_start(stack, 'spark-master'):.1f} s")
+        started = time.monotonic()
+        lost = _job(master)
+        print(f"no worker: {lost.strip()} ({time.monotonic() - started:.0f} s with the session's start-up)")
+        assert f"the Spark master {master} gave this application no executor for {EXECUTOR_WAIT_S} s" in lost
+        seconds = float(lost.split("failed after ")[1].split(" s")[0])
+        assert EXECUTOR_WAIT_S <= seconds <= EXECUTOR_WAIT_S + 30
+
+        print(f"spark-worker up in {_start(stack, 'spark-worker'):.1f} s")
+        back = _job(master)
+        print(f"worker back: {back.strip()}")
+        assert "rows 1000" in back
+    finally:
+        stopped = stack.down(log=print)
+    assert sorted(stopped) == ["spark-master", "spark-worker"] and not any(stack.folder.glob("*.pid"))
