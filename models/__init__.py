@@ -36,10 +36,12 @@ NCCL on GPU; the token budget is per rank.
 Modules
 -------
 config     dataclass configs (defaults cite the seed papers)
-data       Parquet streaming by row group, stable hashing, teacher/student tokens, LITM/PATM, packing
+data/      Parquet streaming by row group and stable hashing (samples), the shared token layout (tokens),
+           cross features, teacher tokens, student tokens with LITM/PATM, serving requests, packing (batches)
 masks      (lo, hi) bounds of the single interval contract: causal, delay, candidates, window+global
 kernels/   interval attention: torch reference (the spec) + Triton fwd/bwd, one dispatch function
 layers     embeddings, time RoPE, gated pre-norm blocks with QK-norm, bucket heads, aux heads
+backbone   what the teacher and the student share (embeddings, blocks, RoPE, heads)
 teacher    CADET-style decoder; student: LPTM + dual heads; train: loop + API; metrics; synthetic
 """
 from .config import (BackboneConfig, FeatureConfig, MaskConfig, RoPEConfig, StudentConfig, TeacherConfig,

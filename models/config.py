@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 HOUR_MS = 3_600_000
+DAY_MS = 86_400_000
 YEAR_S = 365.0 * 24 * 3600
 
 

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 
 from transforms.atomic import staged_file
 
-DAY_MS = 86_400_000
+from .config import DAY_MS
+
 SCHEMA = pa.schema([
     ("user_id", pa.string()), ("ts_ms", pa.int64()), ("event_rank", pa.int64()), ("is_target", pa.bool_()),
     ("event_kind", pa.string()), ("item_id", pa.string()), ("campaign_id", pa.string()),

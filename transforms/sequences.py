@@ -10,7 +10,7 @@ The dbt project (transforms/dbt) builds, for a window of days [start, end], the 
   the last day already built is extended to it, so later days are recomputed consistently;
 * ``export_day``: the day's samples and appended sequence events as Parquet, written atomically.
 
-Exported layout (what models/data.py streams): ``lake/training_samples/date=D/part-0.parquet`` is a
+Exported layout (what models/data/samples.py streams): ``lake/training_samples/date=D/part-0.parquet`` is a
 flat table, one row per event, rows contiguous per user and sorted by (user_id, event_rank), written
 in row groups of ROW_GROUP_ROWS; a sample is a run of rows with one user_id; ``is_target`` marks D's
 impressions. ``lake/user_sequences/date=D/part-0.parquet`` holds the events appended on D with

@@ -1,0 +1,41 @@
+"""Serving requests: a user's stored events and a request's candidates as student tokens, through the
+tokenisation training uses (samples.encode_table, student_tokens, cross_counts)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ..config import FeatureConfig
+from .cross import cross_counts
+from .samples import READ_COLUMNS, SAMPLE_ARRAYS, Sample, encode_table, make_sample
+from .student_tokens import StudentTokens, student_tokens
+from .tokens import TT_CANDIDATE, Targets, content_feats
+
+def sample_from_frame(events: pd.DataFrame, fc: FeatureConfig, date: str = "") -> Sample:
+    """One user's events (the training_samples / user_sequences columns; missing ones are null) as a
+    Sample, hashed exactly as at training time. Serving builds histories and candidates with this."""
+    types = {"ts_ms": pa.int64(), "is_target": pa.bool_(), "position": pa.int64(), "position_bucket": pa.int64(),
+             "label": pa.int64(), "dwell_ms": pa.float64()}
+    n = len(events)
+    tbl = pa.table({c: pa.array(events[c].tolist() if c in events.columns else [None] * n,
+                                type=types.get(c, pa.string()), from_pandas=True) for c in READ_COLUMNS})
+    d = encode_table(tbl, fc)
+    if not len(d["ts"]):
+        return Sample(user_id="", date=date, teacher_p=np.zeros(0, np.float32), **{k: d[k] for k in SAMPLE_ARRAYS[:-1]})
+    return make_sample(d, date, None)
+
+
+def request_tokens(history: Sample, candidates: Sample, cfg) -> StudentTokens:
+    """Serving: one request's student tokens. The history (every event of ``history``, targets or
+    not) is cut to the newest max_len events and merged LITM -> PATM as at training time; every row
+    of ``candidates`` becomes a content-only candidate token at its own time (the request time)."""
+    hist = replace(history, is_target=np.zeros(history.n_events, bool))
+    h = student_tokens(hist, cfg.features, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds,
+                       cfg.patm_factors, delay_ms=cfg.mask.delay_ms)
+    idx = np.arange(candidates.n_events)
+    cand_feats, cand_ts = content_feats(candidates, idx, TT_CANDIDATE), candidates.ts[idx]
+    cross = cross_counts(h.ev_feats, h.ev_ts, cand_feats, cand_ts - cfg.mask.delay_ms, cfg.features)
+    return replace(h, cand_feats=cand_feats, cand_ts=cand_ts, cand_cross=cross, targets=Targets.of(candidates, idx))
