@@ -119,6 +119,15 @@ def test_the_per_bucket_calibration_travels_in_the_graph(tmp_path):
     np.testing.assert_allclose(logit(got) - logit(raw), np.broadcast_to(shift.numpy(), raw.shape), atol=1e-3)
 
 
+def test_scoring_flushes_denormals_only_while_the_graph_runs(exported):
+    """The scorer flushes denormals to zero for speed (OnnxScorer), but neither building the session nor
+    scoring leaves the caller's thread in that mode: its other float maths keep IEEE subnormals."""
+    m, scorer = exported
+    assert np.float64(5e-324) != 0.0  # the session was built in this thread by the fixture
+    scorer.score_tokens(_request(m, 2, 50, 4, 1.0))
+    assert np.float64(5e-324) != 0.0
+
+
 def test_a_user_without_history_scores_cold(exported):
     m, scorer = exported
     tokens = _request(m, 5, 0, 12, 0.0)
