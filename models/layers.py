@@ -125,8 +125,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.dh) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.dh) if cfg.qk_norm else None
 
-    def forward(self, h, lo, hi, rope_cs, n_keys: int | None = None):
-        """n_keys: the export path (see kernels.prefix_interval_attention); None = the configured backend."""
+    def forward(self, h, lo, hi, rope_cs, n_keys: int | None = None, queries_from: int = 0):
+        """n_keys: the export path (see kernels.prefix_interval_attention); None = the configured backend.
+        queries_from (export path only): only the rows from this one on are queried and returned, lo/hi are theirs."""
         T = h.shape[0]
         q, k, v = self.qkv(h).view(T, 3, self.h, self.dh).unbind(1)
         if self.q_norm is not None:
@@ -135,10 +136,10 @@ class Attention(nn.Module):
             q = q * torch.sigmoid(self.q_gate(h)).view(T, self.h, self.dh)
             k = k * torch.sigmoid(self.k_gate(h)).view(T, self.h, self.dh)
         q, k = RoPE.apply(q, rope_cs), RoPE.apply(k, rope_cs)
-        q, k = q.to(v.dtype), k.to(v.dtype)  # under autocast v is bf16 while norms/RoPE give fp32
+        q, k = q[queries_from:].to(v.dtype), k.to(v.dtype)  # under autocast v is bf16 while norms/RoPE give fp32
         backend = self.cfg.attn_backend if n_keys is None else "prefix"
         o = interval_attention(q, k, v, lo, hi, backend=backend, chunk=self.cfg.attn_chunk, n_keys=n_keys)
-        return self.proj(o.reshape(T, -1))
+        return self.proj(o.reshape(q.shape[0], -1))
 
 
 class SwiGLU(nn.Module):
@@ -165,11 +166,12 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_ratio)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, lo, hi, rope_cs, n_keys: int | None = None):
+    def forward(self, x, lo, hi, rope_cs, n_keys: int | None = None, queries_from: int = 0):
+        """queries_from (export path, with n_keys): the rows before it are keys only, the block returns the rest."""
         h = self.norm1(x)
         if self.in_gate is not None:  # CADET input self-gate
             h = h * torch.sigmoid(self.in_gate(h))
-        x = x + self.drop(self.attn(h, lo, hi, rope_cs, n_keys))
+        x = x[queries_from:] + self.drop(self.attn(h, lo, hi, rope_cs, n_keys, queries_from))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 

@@ -128,6 +128,22 @@ def test_scoring_flushes_denormals_only_while_the_graph_runs(exported):
     assert np.float64(5e-324) != 0.0
 
 
+def test_the_last_layer_queries_only_the_candidates(exported):
+    """The graph's last layer computes the candidates' rows alone (the history there gives keys and values):
+    its output has one row per candidate, and parity with Student.forward holds (tested above)."""
+    m, _ = exported
+    tokens = _request(m, 4, 120, 9, 1.0)
+    a = {k: torch.from_numpy(v) for k, v in request_arrays(tokens).items()}
+    rows = []
+    hook = m.blocks[-1].register_forward_hook(lambda _mod, _args, out: rows.append(out.shape[0]))
+    try:
+        with torch.no_grad():
+            RequestScorer(m)(**a)
+    finally:
+        hook.remove()
+    assert rows == [9]
+
+
 def test_a_user_without_history_scores_cold(exported):
     m, scorer = exported
     tokens = _request(m, 5, 0, 12, 0.0)
