@@ -83,6 +83,12 @@ def _samples(paths: GenrankPaths, day: str) -> Path:
     return path
 
 
+def _has_targets(paths: GenrankPaths, day: str) -> bool:
+    """Whether D's samples hold an impression to learn from or judge on. A day the source declared empty
+    (a recorded empty partition) holds none: the model stages skip it, and it is no day of a teacher's window."""
+    return bool(pd.read_parquet(_samples(paths, day), columns=["is_target"])["is_target"].fillna(False).any())
+
+
 def _registry(paths: GenrankPaths, mlflow: MlflowResource) -> reg.Registry:
     return reg.Registry(mlflow.tracking_uri, paths.root / "mlartifacts")
 
@@ -133,7 +139,7 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConf
 
     r = _registry(paths, mlflow)
     day = context.run.tags.get("dagster/partition")   # None when teacher_job runs it on demand
-    days = [d for d in paths.lake_days("training_samples") if day is None or d < day]
+    days = [d for d in paths.lake_days("training_samples") if (day is None or d < day) and _has_targets(paths, d)]
     why = "on demand (teacher_job)" if day is None else "forced"
     if day is not None and not config.force:
         current = r.by_alias(reg.TEACHER, "current")
@@ -203,6 +209,9 @@ def teacher_logits(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflo
     day = context.partition_key
     samples = _samples(paths, day)
     r = _registry(paths, mlflow)
+    if not _has_targets(paths, day):
+        context.log.info(f"{day} has no target impressions (a declared-empty day): no cached logits, no candidate")
+        return
     teacher = r.by_alias(reg.TEACHER, "current")
     if teacher is None:
         context.log.warning(f"no genrank-teacher version yet: {day} gets no cached logits (materialise teacher_model)")
@@ -422,6 +431,11 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
     challenger = r.find(reg.CTR, partition=yesterday)
     if challenger is None:
         context.log.info(f"no candidate was trained on {yesterday}: nothing to evaluate on {day}")
+        return
+    if not _has_targets(paths, day):
+        # It stays the challenger; the next candidate warm-starts from it and is judged on the next day with data.
+        context.log.info(f"{day} has no target impressions (a declared-empty day): genrank-ctr v{challenger.version} "
+                         f"of {yesterday} is not evaluated")
         return
     scored = evaluation.score(r, challenger, r.by_alias(reg.CTR, "champion"), samples,
                               lambda: sequences.bucket_ctr_baseline(paths.root, day), config.latency_requests)
