@@ -1,16 +1,24 @@
 """Faults on the production rehearsal (deploy/stack.py), scripted: a fresh stack on a fresh home of the tiny
 world, days landed one by one, and what the pipeline does when
 
-1. the Spark worker is killed while day 1's `events` step runs (then started again),
-2. PostgreSQL is restarted between day 1 and day 2 (the daemon keeps running),
+1. the Spark worker is killed while day 1's `events` step runs: the step fails once its job has had no
+   executor for GENRANK_SPARK_EXECUTOR_WAIT_S (transforms/spark/session.py), naming the master; the
+   daily job's retry runs once `genrank stack up` has started a worker again;
+2. PostgreSQL is restarted between day 1 and day 2 (the daemon keeps running): no day runs twice;
+3. the MLflow server is stopped while day 4's student registers (once its MLflow run exists): the step
+   fails, no unfinished version is ever found and no alias moves; the retry, once the server is back,
+   registers the version once (deploy/registry.py).
 
-printed as it happens, with the runs of every day at the end (no day may have two successful runs).
+Days 3 and 4 land together: day 3 then runs with day 4's late clicks, where landing day 4 after day 3
+ran would change day 3's inputs and, by design (pipelines/operating.py), request it again. Printed as it
+happens, with the runs of every day at the end (no day may succeed twice on the same landing content).
 Usage: python benchmarks/stack_faults.py [--keep]   (--keep leaves the stack up and its home in place)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -21,13 +29,22 @@ import dagster as dg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deploy.stack import Stack, Ports  # noqa: E402
+from deploy import registry as reg  # noqa: E402
+from deploy.stack import Ports, Stack  # noqa: E402
+from pipelines.operating import FINGERPRINT_TAG  # noqa: E402
 from tests.operating.services import free_port  # noqa: E402
 from tests.operating.test_daemon import _land_all  # noqa: E402
 from tests.stack.test_stack import RUN_ENV, _free_spark_ports  # noqa: E402
 from transforms.simulator import simulate  # noqa: E402
 
 T0 = time.monotonic()
+FAULT_ENV = {
+    **RUN_ENV,
+    "GENRANK_SPARK_EXECUTOR_WAIT_S": "90",
+    # An MLflow client rides out a server that is away for about 4 min by default (7 retries): 4 retries
+    # (about 30 s per request) let the registration fail within the check.
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "4",
+}
 
 
 def say(line: str) -> None:
@@ -51,12 +68,54 @@ def wait(what: str, predicate, timeout_s: float = 2400, every_s: float = 3):
     return value
 
 
+def day_runs(instance, day: str) -> list[dg.DagsterRun]:
+    return [r for r in runs(instance) if r.tags.get("dagster/partition") == day]
+
+
 def step_started(instance, run_id: str, step: str) -> bool:
     return any(e.step_key == step for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START))
 
 
 def day_done(instance, day: str) -> bool:
-    return any(r.tags.get("dagster/partition") == day and r.status == dg.DagsterRunStatus.SUCCESS for r in runs(instance))
+    return any(r.status == dg.DagsterRunStatus.SUCCESS for r in day_runs(instance, day))
+
+
+def first_failed(instance, day: str) -> dg.DagsterRun | None:
+    return next((r for r in day_runs(instance, day) if r.status == dg.DagsterRunStatus.FAILURE), None)
+
+
+def day_settled(instance, day: str) -> bool:
+    """Succeeded, or failed with no retry to come."""
+    return day_done(instance, day) or any(r.status == dg.DagsterRunStatus.FAILURE and r.tags.get("dagster/will_retry") != "true"
+                                          for r in day_runs(instance, day))
+
+
+def failures(instance, run_id: str) -> list[str]:
+    """Each failed step and why: the first line of its innermost cause (Dagster wraps the step's error), or
+    its line that says why Spark cancelled the job."""
+    found = []
+    for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+        error = e.dagster_event.event_specific_data.error
+        while error.cause is not None:
+            error = error.cause
+        lines = [line.strip() for line in error.message.splitlines() if line.strip()]
+        why = next((line for line in lines if "cancelled because" in line), lines[0] if lines else error.cls_name)
+        found.append(f"{e.step_key}: {error.cls_name}: {why[:400]}")
+    return found
+
+
+def report_day(instance, day: str) -> None:
+    for r in day_runs(instance, day):
+        say(f"  run {r.run_id[:8]} {day} {r.status.value} retry_of={r.parent_run_id and r.parent_run_id[:8]} "
+            f"failures={failures(instance, r.run_id)}")
+
+
+def registry_state(registry: reg.Registry) -> dict[str, object]:
+    versions = registry.client.search_model_versions(f"name = '{reg.CTR}'")
+    return {
+        "versions": sorted((int(v.version), v.tags.get("partition"), v.tags.get(reg.REGISTRATION_TAG, "-")) for v in versions),
+        "aliases": {alias: getattr(registry.by_alias(reg.CTR, alias), "version", None) for alias in ("champion", "challenger", "previous")},
+    }
 
 
 def main() -> int:
@@ -67,15 +126,15 @@ def main() -> int:
     home.chmod(0o755)
     world = home / "world"
     report = simulate(preset="tiny", seed=0, out=world)
-    stack = Stack(home, Ports(free_port(), free_port(), _free_spark_ports(), free_port()), env=RUN_ENV)
+    stack = Stack(home, Ports(free_port(), free_port(), _free_spark_ports(), free_port()), env=FAULT_ENV)
     try:
         started = time.monotonic()
         stack.up(log=say)
         say(f"stack up in {time.monotonic() - started:.0f} s")
-        import os
         os.environ.update({k: v for k, v in stack.pipeline_env().items() if k.startswith("DAGSTER_PG_")})
         instance = dg.DagsterInstance.from_config(str(stack.dagster_home))
-        d1, d2, d3 = report.days[:3]
+        registry = reg.default_registry(home, stack.pipeline_env()["MLFLOW_TRACKING_URI"])
+        d1, d2, d3, d4 = report.days[:4]
 
         say(f"fault 1: land {d1} and {d2}; kill the Spark worker once {d1}'s events step runs")
         _land_all(world, home, [d1, d2])
@@ -83,36 +142,63 @@ def main() -> int:
         wait("events step", lambda: step_started(instance, run.run_id, "events"), every_s=1)
         time.sleep(5)       # the executor has registered and works
         service(stack, "spark-worker").stop(stack.folder)
+        killed = time.monotonic()
         say("spark-worker killed (SIGTERM to its process group, executors included)")
-        time.sleep(60)
-        status = instance.get_run_by_id(run.run_id).status
-        say(f"60 s later the run is {status.value}; events step finished: "
-            f"{any(e.step_key == 'events' for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_SUCCESS))}")
+        failed = wait(f"{d1} fails", lambda: first_failed(instance, d1), timeout_s=900, every_s=2)
+        say(f"{d1}'s run {failed.status.value} {time.monotonic() - killed:.0f} s after the kill "
+            f"(will_retry={failed.tags.get('dagster/will_retry')}): {failures(instance, failed.run_id)}")
         stack.up(log=say)    # brings the worker back (the other services are reported as up)
-        wait(f"{d1} done", lambda: day_done(instance, d1) or any(r.status == dg.DagsterRunStatus.FAILURE and not r.tags.get("dagster/will_retry") == "true" for r in runs(instance)))
-        for r in runs(instance):
-            failures = [e.dagster_event.event_specific_data.error.message.strip().splitlines()[-1][:300]
-                        for e in instance.all_logs(r.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)]
-            say(f"  run {r.run_id[:8]} {r.tags.get('dagster/partition')} {r.status.value} retry_of={r.parent_run_id and r.parent_run_id[:8]} failures={failures}")
+        wait(f"{d1} settled", lambda: day_settled(instance, d1))
+        report_day(instance, d1)
 
         say(f"fault 2: restart PostgreSQL between {d1} and {d2} (the daemon keeps running)")
         daemon_pid = stack.status()["dagster-daemon"]
-        pg = service(stack, "postgres")
-        pg.stop(stack.folder)
+        service(stack, "postgres").stop(stack.folder)
         say("postgres stopped; waiting 30 s")
         time.sleep(30)
         stack.up(log=say)
         say(f"daemon pid before {daemon_pid}, after {stack.status()['dagster-daemon']}")
-        _land_all(world, home, [d3])
-        wait(f"{d2} done", lambda: day_done(instance, d2))
+        _land_all(world, home, [d3, d4])
+        wait(f"{d2} settled", lambda: day_settled(instance, d2))
+        report_day(instance, d2)
+        wait(f"{d3} settled", lambda: day_settled(instance, d3))
+        report_day(instance, d3)
+
+        say(f"fault 3: stop the MLflow server once {d4}'s student registers (its MLflow run exists)")
+        experiment = registry.experiment_id(reg.CTR)
+        wait(f"{d4}'s student run", lambda: registry.client.search_runs([experiment], f"attributes.run_name = 'student-{d4}'"),
+             every_s=0.5)
+        before = registry_state(registry)    # the day's evaluation and promotion ran before its student step
+        service(stack, "mlflow").stop(stack.folder)
+        say(f"  registry before the stop: {before}")
+        stopped = time.monotonic()
+        say("mlflow server stopped")
+        failed = wait(f"{d4} fails", lambda: first_failed(instance, d4), timeout_s=900, every_s=2)
+        say(f"{d4}'s run {failed.status.value} {time.monotonic() - stopped:.0f} s after the stop "
+            f"(will_retry={failed.tags.get('dagster/will_retry')}): {failures(instance, failed.run_id)}")
+        stack.up(log=say)
+        after = registry_state(registry)
+        say(f"  registry once the server is back: {after}")
+        unfinished = [v for v in after["versions"] if v[1] == d4 and v[2] == reg.IN_PROGRESS]
+        found = registry.find(reg.CTR, partition=d4)
+        say(f"  {d4}: unfinished versions {unfinished}, find() -> {getattr(found, 'version', None)}; "
+            f"aliases {'unchanged' if after['aliases'] == before['aliases'] else 'MOVED'}")
+        wait(f"{d4} settled", lambda: day_settled(instance, d4))
+        report_day(instance, d4)
+        say(f"  registry after the retry: {registry_state(registry)}")
+
         time.sleep(30)       # more sensor ticks: nothing more may start
         by_day: dict[str, list[str]] = {}
         for r in runs(instance):
             by_day.setdefault(r.tags.get("dagster/partition"), []).append(r.status.value)
         say(f"runs by day: {by_day}")
-        twice = [d for d, statuses in by_day.items() if statuses.count("SUCCESS") > 1]
-        say("no day ran twice" if not twice else f"days that succeeded twice: {twice}")
-        return 1 if twice else 0
+        successes = [(r.tags.get("dagster/partition"), r.tags.get(FINGERPRINT_TAG)) for r in runs(instance)
+                     if r.status == dg.DagsterRunStatus.SUCCESS]
+        twice = sorted({day for day, fingerprint in successes if successes.count((day, fingerprint)) > 1})
+        say("no day ran twice" if not twice else f"days that succeeded twice on the same landing content: {twice}")
+        done = all(day_done(instance, d) for d in (d1, d2, d3, d4))
+        moved = after["aliases"] != before["aliases"]
+        return 0 if done and not twice and not moved and found is None else 1
     finally:
         if not args.keep:
             stack.down(log=say)
