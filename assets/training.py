@@ -371,13 +371,8 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
 
 
 def _newest_candidate_before(r: reg.Registry, day: str):
-    from mlflow.exceptions import MlflowException
-
-    try:
-        versions = r.client.search_model_versions(f"name = '{reg.CTR}'")
-    except MlflowException:
-        return None
-    earlier = [v for v in versions if v.tags.get("partition", "") < day and v.tags.get("broken_on_purpose") != "true"]
+    earlier = [v for v in r.complete_versions(reg.CTR)
+               if v.tags.get("partition", "") < day and v.tags.get("broken_on_purpose") != "true"]
     return max(earlier, key=lambda v: (v.tags["partition"], int(v.version))) if earlier else None
 
 

@@ -179,16 +179,20 @@ class Registry:
         except MlflowException:
             return None
 
-    def find(self, name: str, **tags: str):
-        """The newest complete version of ``name`` whose tags match all of ``tags`` (None if none)."""
+    def complete_versions(self, name: str) -> list:
+        """Every version of ``name`` whose registration finished ([] when the model is not registered yet):
+        what anything may reuse, evaluate, warm-start from or promote."""
         from mlflow.exceptions import MlflowException
 
         try:
             versions = self.client.search_model_versions(f"name = '{name}'")
         except MlflowException:
-            return None
-        hits = [v for v in versions if v.tags.get(REGISTRATION_TAG) != IN_PROGRESS
-                and all(v.tags.get(k) == str(t) for k, t in tags.items())]
+            return []
+        return [v for v in versions if v.tags.get(REGISTRATION_TAG) != IN_PROGRESS]
+
+    def find(self, name: str, **tags: str):
+        """The newest complete version of ``name`` whose tags match all of ``tags`` (None if none)."""
+        hits = [v for v in self.complete_versions(name) if all(v.tags.get(k) == str(t) for k, t in tags.items())]
         return max(hits, key=lambda v: int(v.version)) if hits else None
 
     def artifact(self, name: str, version: str, dst: Path, pattern: str) -> Path:

@@ -73,3 +73,14 @@ def test_a_version_registered_before_the_registration_tag_counts_as_complete(reg
     run = registry.client.create_run(registry.experiment_id(reg.CTR))
     mv = registry.client.create_model_version(reg.CTR, f"runs:/{run.info.run_id}/model", run_id=run.info.run_id, tags=TAGS)
     assert registry.find(reg.CTR, **TAGS).version == mv.version
+
+
+def test_a_candidate_warm_starts_only_from_a_complete_version(registry, monkeypatch):
+    from assets.training import _newest_candidate_before
+
+    done = _register(registry)
+    with monkeypatch.context() as fault:
+        _server_gone_after_create(registry, fault)
+        with pytest.raises(MlflowException):
+            _register(registry, {**TAGS, "partition": "2026-01-03"})
+    assert str(_newest_candidate_before(registry, "2026-01-04").version) == str(done)
