@@ -2,8 +2,8 @@
 
 import dagster as dg
 
-from assets import events, sequences, serving, training
-from assets.raw_logs import raw_logs
+from pipelines.assets import events, sequences, serving, training
+from pipelines.assets.raw_logs import raw_logs
 from pipelines.jobs import daily_job, daily_schedule, teacher_job
 from pipelines.resources import default_resources
 from pipelines.sensors import landing_sensor

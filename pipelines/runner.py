@@ -124,7 +124,7 @@ SUMMARY_KEYS: dict[tuple[str, str], str] = {
     ("challenger_evaluation", "reasons"): "why",
     ("promotion", "champion_version"): "champion",
 }
-TEACHER_EVERY_DAYS = 7    # the teacher's retrain cadence (assets/training.py TeacherTrainingConfig.every_days)
+TEACHER_EVERY_DAYS = 7    # the teacher's retrain cadence (pipelines/assets/training.py TeacherTrainingConfig.every_days)
 
 
 def run_days(start: str | None, end: str | None, home: Path | None = None,

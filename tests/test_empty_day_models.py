@@ -12,7 +12,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from assets import training
+from pipelines.assets import training
 from deploy import registry as reg
 from pipelines.resources import GenrankPaths, MlflowResource
 

@@ -12,7 +12,7 @@ import time
 import dagster as dg
 import pytest
 
-from assets import training
+from pipelines.assets import training
 from deploy import registry as reg
 from pipelines.resources import GenrankPaths, MlflowResource
 
@@ -128,7 +128,7 @@ def test_a_killed_training_run_resumes_and_leaves_nothing_behind(pipeline_run):
     config = {"force": True, "epochs": 400, "warm_epochs": 400, "patience": 400, "max_steps": 140, "ckpt_every": 20}
     script = (
         "import dagster as dg\n"
-        "from assets import training\n"
+        "from pipelines.assets import training\n"
         "from pipelines.resources import GenrankPaths, MlflowResource\n"
         f"dg.materialize([training.student_candidate], partition_key={day!r}, resources={{"
         f"'paths': GenrankPaths(home={str(home)!r}), 'mlflow': MlflowResource(tracking_uri={'sqlite:///' + str(home / 'mlflow.db')!r})}},"

@@ -9,7 +9,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from assets import training
+from pipelines.assets import training
 from pipelines.resources import GenrankPaths, MlflowResource
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from assets import training
+from pipelines.assets import training
 from deploy.gates import GateConfig
 from deploy.onnx_export import PARITY_TOLERANCE
 from models import preset

@@ -10,7 +10,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from assets.events import RAW_LOGS_MAPPING, events
+from pipelines.assets.events import RAW_LOGS_MAPPING, events
 from pipelines.resources import GenrankPaths
 from quality.events import EVENTS_CHECKS
 from tests.spark.spark_corpus import behavior, click, impression

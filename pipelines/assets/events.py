@@ -34,7 +34,7 @@ from transforms import landing
 from transforms.landing_watch import day_fingerprint
 from transforms.spark.events import run_events_job
 
-from assets.raw_logs import raw_logs
+from pipelines.assets.raw_logs import raw_logs
 
 RAW_LOGS_MAPPING = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=1,
                                                  allow_nonexistent_upstream_partitions=True)

@@ -1,0 +1,50 @@
+"""The README's "Where things live" map, checked: which package may import which. A library that imported
+Dagster or the code location would no longer be usable on its own (a notebook, a serving host), and an
+asset module that imported the definitions, jobs or sensors would close a cycle through the code location."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GENRANK = ("pipelines", "transforms", "models", "quality", "deploy")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (lazy imports inside functions count too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _violations(folder: str, allowed) -> list[str]:
+    return [f"{path.relative_to(REPO)} imports {name}"
+            for path in sorted((REPO / folder).rglob("*.py")) for name in sorted(_imports(path))
+            if not allowed(path.relative_to(REPO).as_posix(), name)]
+
+
+def _within(name: str, *prefixes: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _genrank(name: str) -> bool:
+    return _within(name, *GENRANK)
+
+
+@pytest.mark.parametrize("folder, allowed", [
+    ("pipelines/assets", lambda f, n: not _within(n, "pipelines") or _within(
+        n, "pipelines.assets", "pipelines.partitions", "pipelines.resources", "pipelines.settings")),
+    ("transforms", lambda f, n: not _within(n, "dagster", "dagster_dbt", "pipelines", "deploy", "quality")),
+    ("models", lambda f, n: not _within(n, "dagster") and (not _genrank(n) or _within(n, "models", "transforms.atomic"))),
+    ("deploy", lambda f, n: not _within(n, "dagster") and (not _genrank(n) or _within(n, "deploy", "models", "transforms.atomic")
+                                                          or (f == "deploy/stack.py" and _within(n, "transforms.landing", "pipelines.settings")))),
+])
+def test_each_package_imports_only_what_the_map_allows(folder, allowed):
+    assert _violations(folder, allowed) == []
