@@ -59,7 +59,9 @@ class ServiceConfig:
     model_name: str = "genrank-ctr"
     alias: str = "champion"
     poll_s: float = 15.0             # how often the alias and the sequence store are re-read (0 = never)
-    threads: int = 0                 # onnxruntime intra-op threads (0 = its default: the physical cores)
+    # onnxruntime intra-op threads (0 = its default, the physical cores). One: on 2 vCPUs a second thread made the
+    # served graph ~3x slower even on an idle machine (threads spin at every node); scale out with workers.
+    threads: int = 1
     max_candidates: int = 1000       # CADET scores hundreds of candidates per request
     max_history: int = 20000         # inline history events (TM20K's longest sequences)
     max_body_bytes: int = 8 << 20

@@ -39,7 +39,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "MLFLOW_TRACKING_URI": ("sqlite:///$GENRANK_HOME/mlflow.db", "MLflow tracking and registry store"),
     "GENRANK_ONLINE_STORE": ("(empty: LMDB under $GENRANK_HOME/online_store)", "the online sequence store the `online_sequences` asset writes and `genrank serve` reads: empty for the embedded LMDB store, or a `redis://host:port/db` URL"),
     "GENRANK_SERVE_POLL_S": ("15", "`genrank serve`: seconds between checks of the champion alias and the sequence store"),
-    "GENRANK_SERVE_THREADS": ("0", "`genrank serve`: onnxruntime intra-op threads (0 = its default, the physical cores)"),
+    "GENRANK_SERVE_THREADS": ("1", "`genrank serve`: onnxruntime intra-op threads per worker (0 = onnxruntime's default, the physical cores); scale out with `--workers`"),
     "GENRANK_SERVE_MAX_CANDIDATES": ("1000", "`genrank serve`: candidates per request"),
     "GENRANK_SERVE_MAX_HISTORY": ("20000", "`genrank serve`: inline history events per request"),
     "GENRANK_SERVE_MAX_BODY_BYTES": ("8388608", "`genrank serve`: request body size (413 above)"),
