@@ -120,6 +120,10 @@ STOP_SENSOR = """
 mutation($id: String) { stopSensor(id: $id) { __typename
   ... on StopSensorMutationResult { instigationState { status } } } }"""
 
+CHECK_EXECUTIONS = """
+query($key: AssetKeyInput!, $check: String!) { assetCheckExecutions(assetKey: $key, checkName: $check, limit: 20) {
+  runId status evaluation { success } } }"""
+
 START_SENSOR = """
 mutation($selector: SensorSelector!) { startSensor(sensorSelector: $selector) { __typename
   ... on Sensor { sensorState { status } } ... on PythonError { message } } }"""
@@ -223,11 +227,19 @@ def test_a_ui_backfill_then_the_landing_sensor_run_the_days_in_order_under_the_d
         text = " ".join(page.split())
         assert backfill_id in text and "daily_job" in text and f"{len(backfilled)} partitions" in text
         assert "Succeeded" in text and "Join the Dagster community" not in text
-        # the reviewer's view of the gates: the asset page of challenger_evaluation lists its checks and results
+        # The reviewer's view of the gates: the asset page of challenger_evaluation lists its checks. Their newest
+        # execution is the garbage day's run, stopped before them, and the page says so ("Execution failed");
+        # each gate's history (the page's "Execution history" tab, read through the same GraphQL API) holds the
+        # passed evaluation of the last good day's run.
         checks = browse(f"{stack.url}/assets/challenger_evaluation?view=checks", tmp_path / "gates.png")
+        last_good = records[-2].dagster_run
         for gate in ("gate_auc", "gate_logloss", "gate_calibration", "gate_onnx_parity", "gate_latency"):
             assert gate in checks, gate
-        assert "Succeeded" in checks and "Passed" in checks
+            history = stack.graphql(CHECK_EXECUTIONS, {"key": {"path": ["challenger_evaluation"]}, "check": gate})
+            by_run = {e["runId"]: e for e in history["assetCheckExecutions"]}
+            assert by_run[last_good.run_id]["status"] == "SUCCEEDED" and by_run[last_good.run_id]["evaluation"]["success"], gate
+            assert by_run[blocked.run_id]["status"] == "EXECUTION_FAILED", gate
+        assert "Execution failed" in " ".join(checks.split())
         print(f"screenshots: {tmp_path / 'asset-graph.png'} {tmp_path / 'backfill.png'} {tmp_path / 'gates.png'}")
     finally:
         stack.stop()
