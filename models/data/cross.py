@@ -40,15 +40,14 @@ def cross_counts(ev_feats: np.ndarray, ev_ts: np.ndarray, q_feats: np.ndarray, q
     # one time slot per ms, plus the "before every event" slot of each key; int64 holds (field < 2^24) x
     # (6 actions) x (a 10-year span in ms)
     R = span + 2
+    # every bound of a query at once: its cut (newest) and the cut minus each window (oldest), clipped to -1 so
+    # a bound lands just before the key's first event (the previous key ends at R - 2)
+    cuts = np.clip(q_cut[:, None] - np.array([0] + windows, np.int64) - t0, -1, span)   # (Q, 1 + W)
     for m, col in enumerate(CROSS_MATCH_FIELDS):
         f = np.ones(len(ts), np.int64) if col is None else ev_feats[:, col]
         qf = np.ones(Q, np.int64) if col is None else q_feats[:, col]
         sorted_keys = np.sort((f * A + ev_code) * R + (ts - t0))
-        for a in range(A):
-            base = (qf * A + a) * R
-            # clipped to -1, a bound lands just before the key's first event (the previous key ends at R - 2)
-            newest = np.searchsorted(sorted_keys, base + np.clip(q_cut - t0, -1, span), side="right")
-            for w, width in enumerate(windows):
-                oldest = np.searchsorted(sorted_keys, base + np.clip(q_cut - width - t0, -1, span), side="right")
-                out[:, m, a, w] = np.where(qf > 0, newest - oldest, 0)
+        base = (qf[:, None] * A + np.arange(A)) * R                                      # (Q, A)
+        found = np.searchsorted(sorted_keys, base[:, :, None] + cuts[:, None, :], side="right")
+        out[:, m] = np.where((qf > 0)[:, None, None], found[:, :, :1] - found[:, :, 1:], 0)
     return np.log1p(out).reshape(Q, n_cross_features(fc))
