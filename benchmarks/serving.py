@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 from deploy.event_codec import encode, from_bytes, to_bytes, to_sample  # noqa: E402
 from deploy.onnx_export import OnnxScorer, request_arrays, torch_probs, write_bundle  # noqa: E402
-from deploy.service import Candidate, candidate_events  # noqa: E402
+from deploy.service import CANDIDATE_FIELDS, Candidate, candidate_events, check_id_bytes, columns  # noqa: E402
 from models import preset  # noqa: E402
 from models.data import request_tokens, sample_from_frame  # noqa: E402
 from models.student import Student  # noqa: E402
@@ -136,8 +136,10 @@ def latency_grid(students: dict[int, tuple[Student, OnnxScorer]], hist_lens, can
                 columns=["ts_ms", "event_kind"]).to_dict("records")]
 
             def prepare():  # what the service does before the graph: decode the stored user, hash, LITM, PATM
+                cand_cols = columns(cand_models, CANDIDATE_FIELDS)
+                check_id_bytes(cand_cols, "candidates")
                 return request_tokens(to_sample(from_bytes(blob), fc),
-                                      to_sample(candidate_events(cand_models, NOW, fc.hash_key), fc), model.cfg)
+                                      to_sample(candidate_events(cand_cols, NOW, fc.hash_key), fc), model.cfg)
 
             def prepare_pandas():  # the service before issue 17: DataFrames through Arrow
                 return request_tokens(sample_from_frame(hist_df, fc), sample_from_frame(cand_df, fc), model.cfg)

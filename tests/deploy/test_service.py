@@ -117,6 +117,11 @@ def test_inline_history_scores_like_the_store(home):
     ('{"user_id": "u", "candidates": [{"ad_id": "x"}], "request_ts_ms": 1e999}', 422, "request_ts_ms: non-finite"),
     ({"user_id": "\u00e9" * 129, "candidates": [{"ad_id": "x"}]}, 422, "256 bytes"),  # 258 bytes of UTF-8
     ({"user_id": 42, "candidates": [{"ad_id": "x"}]}, 422, "user_id"),               # not a string
+    ({"user_id": "u", "candidates": [{"ad_id": "x"}, {"ad_id": "y", "brand_id": "\u00e9" * 129}]},  # an id of 258
+     422, "candidates.1.brand_id: at most 256 bytes"),                                # bytes, 129 characters
+    ({"history": [{"ts_ms": 1, "event_kind": "behavior", "item_id": "i" * 257}], "candidates": [{"ad_id": "x"}]},
+     422, "history.0.item_id: at most 256 bytes"),
+    ({"user_id": "u", "candidates": [{"ad_id": True}]}, 422, "ad_id"),                # a boolean is not an id
 ])
 def test_bad_requests_get_a_4xx_that_says_what_is_wrong(home, body, status, says):
     with _client(home, max_candidates=5) as client:
