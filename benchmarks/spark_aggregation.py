@@ -10,7 +10,9 @@ there), then, on ``--master`` (default local[2]) with the default driver memory:
    times: input lines of D per second (median);
 2. (a) the same day through DuckDB's ``read_json`` into the same event table (lenient: malformed lines
    dropped, no quarantine table), and (b) a one-core ``gzip`` + ``orjson`` parse of D's files, the
-   practical parsing limit; each printed as a ratio to the job;
+   practical parsing limit, and (c, d) Spark's own floor on the same master: D's files read as text and
+   counted, and D's lines parsed by ``from_json`` into a map (the job's first step, none of its rules);
+   each printed as a ratio to the job;
 3. the job over 1, 3 and 7 consecutive days: seconds per day stays flat when the growth is linear;
 4. the peak RSS of the Spark driver JVM (VmHWM) and of this Python process.
 
@@ -137,6 +139,28 @@ def duckdb_same_output(home: Path, day: str, out: Path, threads: int) -> float:
     return time.perf_counter() - t0
 
 
+def spark_floor_s(spark, files: list[Path]) -> tuple[float, float]:
+    """Seconds (best of 2 after a warm-up) for Spark to read the files as text and count the lines, and to
+    parse every line with ``from_json(..., 'map<string,string>')`` and count the objects."""
+    from pyspark.sql import functions as F
+
+    paths = [str(f) for f in files]
+
+    def best(action) -> float:
+        action()
+        out = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            action()
+            out.append(time.perf_counter() - t0)
+        return min(out)
+
+    read = best(lambda: spark.read.text(paths).count())
+    parse = best(lambda: spark.read.text(paths).select(F.from_json("value", "map<string,string>").alias("m"))
+                 .filter(F.col("m").isNotNull()).count())
+    return read, parse
+
+
 def peak_rss_mib(pid: int) -> float:
     """VmHWM (peak resident set) of a process, in MiB, from /proc."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -185,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     duck_s = duckdb_same_output(home, day, duck_out, threads=2)
     day_files = sorted((home / "landing" / f"date={day}").glob("*.jsonl.gz"))
     parsed, orjson_s = gzip_orjson_lines_per_s(day_files)
+    read_s, parse_s = spark_floor_s(spark, day_files)
 
     growth = []
     for n in [int(x) for x in args.growth.split(",") if x]:
@@ -204,10 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         ("events job (Spark, whole job)", job_s, lines_d / job_s, 1.0),
         ("DuckDB read_json -> same event table (2 threads, lenient)", duck_s, lines_d / duck_s, job_s / duck_s),
         ("gzip + orjson parse, one core (the practical limit)", orjson_s, parsed / orjson_s, job_s / orjson_s),
+        (f"Spark floor: D's files read as text + count ({args.master})", read_s, lines_d / read_s, job_s / read_s),
+        (f"Spark floor: from_json map<string,string> of D's lines ({args.master})", parse_s, lines_d / parse_s,
+         job_s / parse_s),
     ]
     print("\nresults (day D)")
     for name, sec, rate, ratio in rows:
-        print(f"  {name:58s} {sec:7.2f} s  {rate:>10,.0f} lines/s  job time / this: x{ratio:.2f}")
+        print(f"  {name:70s} {sec:7.2f} s  {rate:>10,.0f} lines/s  job time / this: x{ratio:.2f}")
     if growth:
         base = growth[0][2] / growth[0][0]
         print("  growth: " + ", ".join(f"{n} d {t:.1f} s ({t / n / base:.2f} x the 1-day time per day)" for n, _, t in growth))
