@@ -6,6 +6,7 @@ works on a copy of the run's registry database and online store."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -299,6 +300,15 @@ def test_several_workers_keep_every_rule_and_hot_swap(home):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_worker_freezes_what_it_loaded_at_start_up(home):
+    """Start-up objects out of the collector's reach: a full collection no longer walks them mid-request."""
+    gc.unfreeze()  # whatever an earlier app of this process froze
+    assert gc.get_freeze_count() == 0
+    with _client(home) as client:
+        assert client.get("/healthz").status_code == 200
+        assert gc.get_freeze_count() > 0
 
 
 def test_without_a_champion_the_service_says_so(tmp_path):
