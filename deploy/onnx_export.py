@@ -15,7 +15,8 @@ LITM and PATM merges and the cross-feature counts run before the graph, in ``mod
 exactly as at training time (id-equality, age and counting rules over numpy arrays, not tensor maths);
 the group sums, LPTM's pair sums, the interval mask (history causal; candidates see the history visible
 at request time minus the delay and themselves, never each other) and time RoPE are all inside the
-graph, built from the inputs with standard ONNX ops, so onnxruntime needs no custom op.
+graph, built from the inputs with standard ONNX ops, so onnxruntime needs no custom op (the one
+non-standard node is onnxruntime's own fused RMSNorm, SimplifiedLayerNormalization, on every provider).
 
 ``RequestScorer`` is the torch module that is exported; it reuses the trained student's own layers
 and is checked against ``Student.forward`` (the specification) by ``parity``.
@@ -29,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx_ir
 import torch
 import torch.nn as nn
+from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
 from models.config import StudentConfig, from_dict, to_dict
 from models.data import StudentTokens, collate_student
@@ -65,14 +68,14 @@ class RequestScorer(nn.Module):
                              "not served: export the default student")
         self.student = student.eval()
 
-    def _bounds(self, hist_ts: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _bounds(self, hist_ts: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
+        """Every token's hi (every lo is 0: the history is causal, a candidate sees a prefix of it)."""
         G = hist_ts.shape[0]
         # A candidate sees the leading groups up to the first one newer than its cutoff (the running-max
-        # rule of masks.visible_count, written with a cumulative sum instead of a search).
-        newer = (hist_ts[None, :] > cut[:, None]).long()
-        visible = (newer.cumsum(1) == 0).long().sum(1)
-        hi = torch.cat([torch.arange(G, dtype=torch.long), visible])
-        return torch.zeros_like(hi), hi
+        # rule of masks.visible_count): the index of the first True, with a True appended for "none newer".
+        newer = torch.cat([hist_ts[None, :] > cut[:, None], torch.ones_like(cut[:, None], dtype=torch.bool)], 1)
+        visible = newer.to(torch.uint8).argmax(1)
+        return torch.cat([torch.arange(G, dtype=torch.long), visible])
 
     def _rope(self, ts: torch.Tensor):
         s = self.student
@@ -102,7 +105,7 @@ class RequestScorer(nn.Module):
         merges = s.merge_layers()
         x = torch.cat([xh, xc])
         G = xh.shape[0]
-        lo, hi = self._bounds(hist_ts, cut)
+        hi = self._bounds(hist_ts, cut)
         cs = self._rope(torch.cat([hist_ts, cand_ts]))
         last = len(s.blocks) - 1
         for i, blk in enumerate(s.blocks):
@@ -110,12 +113,12 @@ class RequestScorer(nn.Module):
                 xh, hist_ts = self._pair_sum(x[:G], hist_ts)
                 x = torch.cat([xh, x[G:]])
                 G = xh.shape[0]
-                lo, hi = self._bounds(hist_ts, cut)
+                hi = self._bounds(hist_ts, cut)
                 cs = self._rope(torch.cat([hist_ts, cand_ts]))
             # The last layer's history rows feed nothing the head reads: there the history gives keys and
             # values only, and the block returns the candidates' rows (a third less work at 2 layers).
             queries_from = G if i == last else 0
-            x = blk(x, lo[queries_from:], hi[queries_from:], cs, n_keys=G, queries_from=queries_from)
+            x = blk(x, None, hi[queries_from:], cs, n_keys=G, queries_from=queries_from)
         return torch.sigmoid(s.main_head(x).float())
 
 
@@ -172,8 +175,11 @@ def export_onnx(student: Student, path: str | os.PathLike) -> Path:
                                     output_names=[OUTPUT_NAME], dynamic_shapes={n: shapes[n] for n in names},
                                     opset_version=OPSET,
                                     external_data=False, verbose=False)
+    # onnxscript's onnxruntime fusions: each RMSNorm's six nodes become one SimplifiedLayerNormalization
+    # (max |diff| 6e-8 in probability; 5-9% of the graph's time on the 2-layer demo student).
+    model, _ = optimize_for_ort(program.model)
     with staged_file(path) as staging:
-        program.save(str(staging), external_data=False)
+        onnx_ir.save(model, str(staging))
     return path
 
 

@@ -155,7 +155,8 @@ def prefix_interval_attention(q, k, v, lo, hi, scale: float | None = None, n_key
     against those keys plus each query's own key, O(T x n_keys), with no data-dependent Python, so the
     function traces into a static ONNX graph (the export path). Empty key prefixes (a user without
     history) are fine: the self key is always there. ``q`` (with lo, hi) may hold only the last rows
-    of the T tokens of k and v: the export's last layer queries the candidates alone."""
+    of the T tokens of k and v: the export's last layer queries the candidates alone. ``lo=None``: every
+    interval starts at the first key (the serving layout's), one comparison less in the graph."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     T, first = k.shape[0], k.shape[0] - q.shape[0]
@@ -164,10 +165,14 @@ def prefix_interval_attention(q, k, v, lo, hi, scale: float | None = None, n_key
     k_self, v_self = k[first:], v[first:]
     j = torch.arange(n, device=q.device)
     qi = torch.arange(first, T, device=q.device)
-    allowed = (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None]) & (j[None, :] != qi[:, None])
+    allowed = (j[None, :] < hi[:, None]) & (j[None, :] != qi[:, None])
+    if lo is not None:
+        allowed &= j[None, :] >= lo[:, None]
+    # The mask as an additive bias, made once and added to every head's scores (onnxruntime's Where
+    # broadcasting the mask over the heads took longer than the score MatMul itself).
+    bias = torch.where(allowed, 0.0, float("-inf")).to(q.dtype)
     qh, kh, vh = q.transpose(0, 1), kp.transpose(0, 1), vp.transpose(0, 1)  # (H, ., D): batched MatMuls
-    S = torch.matmul(qh, kh.transpose(1, 2)) * scale
-    S = S.masked_fill(~allowed[None], float("-inf"))
+    S = torch.matmul(qh, kh.transpose(1, 2)) * scale + bias[None]
     s_self = (q * k_self).sum(-1).transpose(0, 1)[..., None] * scale  # (H, Tq, 1)
     P = torch.softmax(torch.cat([S, s_self], -1), dim=-1)
     o = torch.matmul(P[..., :n], vh).transpose(0, 1) + P[..., n].transpose(0, 1)[..., None] * v_self
