@@ -9,7 +9,8 @@
    model registered in a scratch MLflow registry and an online store (LMDB) of synthetic users; C
    concurrent clients, each sending its next request when the last is answered, a new connection per
    request (so any idle worker takes it, as behind a load balancer); requests/s, end-to-end p50/p99
-   and the error count; first with one client (the single-stream figure), then with C.
+   and the error count; first with one client (the single-stream figure), then with C. Before it, the
+   machine's own tail: a fixed single-threaded piece of work of about one request's CPU time, timed 600 times.
 
 The model is the served student's shape, models.preset("demo") (what the pipeline trains and
 serves), with random weights (latency does not depend on them). A history longer than its max_len
@@ -95,6 +96,20 @@ def timed(fn, repeats: int) -> np.ndarray:
 def load_1min() -> float:
     """The machine's 1-minute load average, printed beside every figure (the machine is shared)."""
     return round(os.getloadavg()[0], 2)
+
+
+def machine_jitter(n: int = 600) -> dict:
+    """The machine's own tail, beside the load test's: one fixed piece of single-threaded work (matrix
+    products, about one request's CPU time, ~10 ms) timed n times with nothing else of ours running. On a VM
+    whose host deschedules the vCPU, its p99 / p50 is a floor under a single stream's p99 / p50."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(300, 300, generator=g), torch.rand(300, 300, generator=g)
+    ms = timed(lambda: [a @ b for _ in range(30)], n)
+    out = {"work_p50_ms": float(np.percentile(ms, 50)), "work_p99_ms": float(np.percentile(ms, 99)),
+           "work_max_ms": float(ms.max()), "p99_over_p50": float(np.percentile(ms, 99) / np.percentile(ms, 50)),
+           "load_1min": load_1min()}
+    print(json.dumps(out), flush=True)
+    return out
 
 
 def served_students(hist_lens, folder: Path, threads: int) -> dict[int, tuple[Student, OnnxScorer]]:
@@ -332,6 +347,8 @@ def main() -> None:
             print("## one pass vs one pass per candidate")
             ratio = one_pass_vs_per_candidate(*for_history(students, 1024), 1024, 200, a.repeats)
             print(json.dumps(ratio), flush=True)
+        print("## the machine's own tail (fixed single-threaded work)")
+        jitter = machine_jitter()
         print("## load test (genrank serve on loopback, histories from the online store)")
         model, scorer = for_history(students, LOAD_HISTORY)
         loads = [load_test(model, scorer.path.parent, int(w), a.load_threads, users=2000, history=LOAD_HISTORY,
@@ -345,6 +362,8 @@ def main() -> None:
                   f"{load['ort_threads']} ORT thread(s): {load['req_per_s']:.1f} req/s, "
                   f"p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms end to end, {load['errors']} errors "
                   f"(load {load['load_before']} before, {load['load_after']} after)")
+    print(f"the machine: fixed work p50 {jitter['work_p50_ms']:.2f} ms, p99 {jitter['work_p99_ms']:.2f} ms "
+          f"(p99 / p50 {jitter['p99_over_p50']:.2f}), max {jitter['work_max_ms']:.1f} ms (load {jitter['load_1min']})")
     for runs in loads:
         busy = runs[-1]
         met = busy["p99_ms"] <= TARGET_P99_MS and busy["req_per_s"] >= TARGET_REQ_PER_S and not busy["errors"]
