@@ -291,6 +291,30 @@ def baseline_metrics(world: World) -> dict:
     return summarize_predictions(pred)
 
 
+def ad_evidence(world: World, prior_weight: float = 20.0) -> dict:
+    """How much the training days say about each tested ad: the share of tested impressions whose ad had
+    impressions in the training days, the median ad's training impressions, and the AUC on the test days of
+    the ad's training CTR alone (shrunk to the window's CTR with ``prior_weight`` pseudo-impressions). A
+    world whose clicks hang on ad quality (item-heavy) but shows each ad a few times leaves a gap to the
+    oracle, which knows every ad's quality exactly, that no model of those days can close."""
+    import pandas as pd
+
+    from models.metrics import auc
+
+    def targets(days):
+        cols = ["item_id", "label", "is_target", "event_kind"]
+        t = pd.concat([pd.read_parquet(p, columns=cols) for p in world.samples(days)])
+        return t[t["is_target"] & (t["event_kind"] == "impression")]
+
+    train, test = targets(world.train_days), targets(world.eval_days)
+    per_ad = train.groupby("item_id")["label"].agg(["sum", "count"])
+    prior = float(train["label"].mean())
+    ctr = (per_ad["sum"] + prior_weight * prior) / (per_ad["count"] + prior_weight)
+    return {"seen": float(test["item_id"].isin(per_ad.index).mean()), "ads": len(per_ad),
+            "median_impressions": float(per_ad["count"].median()),
+            "auc": auc(test["label"], test["item_id"].map(ctr).fillna(prior)), "prior_weight": prior_weight}
+
+
 # ------------------------------------------------------------------------------------ models
 
 @dataclasses.dataclass
@@ -496,6 +520,12 @@ def table(world: World, results: dict, seeds: list[int], variants: list[str], ex
             gap = [extra["oracle"]["auc_serving"] - x for x in _per_seed(results, world, v, seeds, "auc")]
             if not math.isnan(_mean_sd(gap)[0]):
                 lines.append(f"Oracle (serving visibility) - {LABELS[v]}: {_fmt(*_mean_sd(gap))} AUC.")
+    if "ads" in extra:
+        a = extra["ads"]
+        lines.append(f"Ads: {a['seen']:.1%} of the tested impressions show an ad seen in the training days; the "
+                     f"{a['ads']:,} ads there had a median of {a['median_impressions']:.0f} training impressions; an "
+                     f"ad's training CTR alone (shrunk with {a['prior_weight']:.0f} pseudo-impressions) scores AUC "
+                     f"{a['auc']:.4f} on the test day(s).")
     t_in = _mean_sd(_per_seed(results, world, "teacher", seeds, "in_sample_auc"))
     if not math.isnan(t_in[0]):
         lines.append(f"Teacher AUC on its own training days (the KD targets): {_fmt(*t_in)}.")
@@ -699,7 +729,7 @@ def main(argv=None) -> int:
             tmp.write_text(json.dumps(results, indent=1))
             os.replace(tmp, results_path)
 
-        extra = {"baseline": baseline_metrics(world)}
+        extra = {"baseline": baseline_metrics(world), "ads": ad_evidence(world)}
         t0 = time.perf_counter()
         for seed in seeds:
             run_seed(world, wsz, seed, wv, results, save)
