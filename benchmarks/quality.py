@@ -1,9 +1,10 @@
 """Model-quality report (issues #8, #18): teacher, student, KD and the seed papers' ablations on three
-simulated worlds (and MovieLens on request).
+simulated worlds (and MovieLens and MIND on request).
 
     .venv/bin/python benchmarks/quality.py --only no_history,teacher,student,student_kd   # 3 worlds, 3 seeds
     .venv/bin/python benchmarks/quality.py --quick         # tiny world, 1 seed, small models: minutes
     .venv/bin/python benchmarks/quality.py --worlds demo --seeds 1 --only student,no_lptm
+    .venv/bin/python benchmarks/quality.py --mind-only --only no_history,teacher,student,student_kd
 
 Data. Each world of WORLDS (`--worlds`; a `genrank simulate` preset, seed, size and effect strengths) is
 simulated into a private GENRANK_HOME under `--home` (default /tmp/genrank-quality/<world>) and the real
@@ -12,7 +13,8 @@ into training samples: the Dagster assets of the `ingest` and `sequences` groups
 sequences, their checks), one daily partition after the other as `genrank run` does, stopping before
 the models. MovieLens latest-small goes through the importer (`genrank import movielens`, a
 `--ml-since/--ml-until` slice with its empty days filled, so the partitions are contiguous) and the
-same stages. Both are built once and reused (delete the folder to rebuild). The default MovieLens
+same stages; so does MIND-small's 5,000-impression subset (`genrank import mind`, `--mind`). All are
+built once and reused (delete the folder to rebuild). The default MovieLens
 slice, 2015-11-02..2015-11-18, is chosen because MovieLens is sparse in time (610 users over 22 years,
 most of them rating in one burst), every calendar day costs a pipeline partition, and the sequence
 stage cannot go past a day without events once it holds any (user_sequences' last built day is its
@@ -139,9 +141,10 @@ def build_training_samples(home: Path) -> None:
     todo = [d for d in landing.complete_days(home) if d not in set(_sample_days(home))]
     if not todo:
         return
-    env = {**os.environ, "GENRANK_HOME": str(home), "GENRANK_TORCH_THREADS": "1"}
+    # the first daily partition is the world's first landing day, as the `genrank` commands pin it
+    env = {**os.environ, "GENRANK_HOME": str(home), "GENRANK_TORCH_THREADS": "1",
+           "GENRANK_START_DATE": landing.complete_days(home)[0]}
     env.pop("DAGSTER_HOME", None)   # a private instance under the world's home
-    env.pop("GENRANK_START_DATE", None)
     logfile = home / "quality-pipeline.log"
     print(f"  pipeline (events + sequences) for {len(todo)} day(s) {todo[0]}..{todo[-1]}; log: {logfile}", flush=True)
     t0 = time.perf_counter()
@@ -249,18 +252,19 @@ def prepare_simulated(home: Path, name: str, spec: dict, n_days: int | None, eva
     return _split(f"world `{name}` ({world_spec_text(spec)})", home, days, eval_days, True)
 
 
-def prepare_movielens(home: Path, src: Path, since: str, until: str, eval_days: int) -> World:
+def prepare_imported(dataset: str, name: str, home: Path, src: Path, eval_days: int, **options) -> World:
+    """A public dataset through its importer (`genrank import <dataset>`) and the pipeline's stages."""
     from transforms import landing
     from transforms.importers import import_dataset
 
     home.mkdir(parents=True, exist_ok=True)
     if not landing.complete_days(home):
-        print(f"  importing MovieLens {since}..{until} (empty days filled) into {home}", flush=True)
-        report = import_dataset("movielens", src, home, since=since, until=until, fill_gaps=True)
+        print(f"  importing {name} into {home}", flush=True)
+        report = import_dataset(dataset, src, home, **options)
         if not report.reconciled:
-            raise RuntimeError(f"MovieLens import did not reconcile:\n{report.summary()}")
+            raise RuntimeError(f"{dataset} import did not reconcile:\n{report.summary()}")
     build_training_samples(home)
-    return _split(f"MovieLens latest-small, {since}..{until}", home, _sample_days(home), eval_days, False)
+    return _split(name, home, _sample_days(home), eval_days, False)
 
 
 def oracle_rows(world: World, labels) -> dict:
@@ -651,6 +655,10 @@ def main(argv=None) -> int:
     p.add_argument("--ml-seeds", type=int, default=None, help="training seeds on MovieLens (default 10: a model "
                                                                  "trains there in seconds; --quick 1)")
     p.add_argument("--ml-epochs", type=int, default=30, help="most passes per model on MovieLens (patience 4)")
+    p.add_argument("--mind", action="store_true", help="also MIND-small's 5,000-impression subset (issue #18 item 7): "
+                                                       "no-history, teacher, student, KD")
+    p.add_argument("--mind-only", action="store_true", help="MIND alone")
+    p.add_argument("--mind-src", default=str(ROOT.parent / "shared" / "data" / "mind_small_subset"))
     p.add_argument("--threads", type=int, default=int(os.environ.get("GENRANK_TORCH_THREADS", "1")))
     p.add_argument("--out", default=None, help="also write the report (markdown) to this file")
     a = p.parse_args(argv)
@@ -694,20 +702,29 @@ def main(argv=None) -> int:
               "fit the per-bucket calibration.")
     print(header, flush=True)
     worlds = []
-    if not a.movielens_only:
+    if not (a.movielens_only or a.mind_only):
         specs = {"tiny": {"preset": "tiny", "seed": 0}} if q else WORLDS
         for name in (["tiny"] if q else a.worlds.split(",")):
             if name not in specs:
                 p.error(f"--worlds: unknown world {name!r} (one of {', '.join(specs)})")
             worlds.append((prepare_simulated(home / name, name, specs[name], a.days, a.eval_days), variants, sz, seeds))
     if a.movielens or a.movielens_only:
-        ml = prepare_movielens(home / f"movielens-{ml_since}-{ml_until}", Path(a.ml_src), ml_since, ml_until, ml_eval)
+        ml = prepare_imported("movielens", f"MovieLens latest-small, {ml_since}..{ml_until} (empty days filled)",
+                              home / f"movielens-{ml_since}-{ml_until}", Path(a.ml_src), ml_eval, since=ml_since,
+                              until=ml_until, fill_gaps=True)
         ml.note = (f"At most {ml_sz.epochs} passes, patience {ml_sz.patience}, {ml_sz.token_budget} tokens per batch. "
                    "MovieLens has no display position "
                    "(every impression is position 1, one bucket): the per-bucket baseline is one CTR per day, so its "
                    "AUC only reflects day-to-day CTR changes.")
         worlds.append((ml, [v for v in variants if v in ("no_history", "student")], ml_sz,
                        list(range(a.ml_seeds if a.ml_seeds is not None else (1 if q else 10)))))
+    if a.mind or a.mind_only:
+        mind = prepare_imported("mind", "MIND-small train, 5,000-impression subset (2019-11-09..14; click histories "
+                                "landed untimed on 2019-11-08)", home / "mind", Path(a.mind_src), a.eval_days)
+        mind.note = ("Every impression is position 1 (MIND shuffles its lists), so one bucket; news side features "
+                     "cover ~4 % of the news ids; most users have one request in the subset, so a user's history is "
+                     "its untimed click history from before the split.")
+        worlds.append((mind, [v for v in variants if v in ("no_history", "teacher", "student", "student_kd")], sz, seeds))
     prep_s = time.perf_counter() - started
 
     out = [header, ""]
