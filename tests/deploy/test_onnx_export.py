@@ -144,6 +144,18 @@ def test_the_last_layer_queries_only_the_candidates(exported):
     assert rows == [9]
 
 
+def test_every_rmsnorm_is_one_fused_node_in_the_graph(exported):
+    """onnxruntime's fusions ran at export: each RMSNorm of the served path is one SimplifiedLayerNormalization
+    (per block two and the Q/K norms two, the head one) and no RMSNorm is left as Pow / ReduceMean nodes."""
+    import onnx
+
+    m, scorer = exported
+    ops = [node.op_type for node in onnx.load(str(scorer.path)).graph.node]
+    per_block = 2 + (2 if m.cfg.backbone.qk_norm else 0)
+    assert ops.count("SimplifiedLayerNormalization") == per_block * len(m.blocks) + 1
+    assert "ReduceMean" not in ops and "Pow" not in ops
+
+
 def test_a_user_without_history_scores_cold(exported):
     m, scorer = exported
     tokens = _request(m, 5, 0, 12, 0.0)
