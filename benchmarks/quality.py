@@ -138,12 +138,12 @@ def build_training_samples(home: Path) -> None:
     partitions definition reads GENRANK_HOME at import, and the Spark JVM should not outlive it."""
     from transforms import landing
 
-    todo = [d for d in landing.complete_days(home) if d not in set(_sample_days(home))]
+    landed = landing.complete_days(home)
+    todo = [d for d in landed if d not in set(_sample_days(home))]
     if not todo:
         return
     # the first daily partition is the world's first landing day, as the `genrank` commands pin it
-    env = {**os.environ, "GENRANK_HOME": str(home), "GENRANK_TORCH_THREADS": "1",
-           "GENRANK_START_DATE": landing.complete_days(home)[0]}
+    env = {**os.environ, "GENRANK_HOME": str(home), "GENRANK_TORCH_THREADS": "1", "GENRANK_START_DATE": landed[0]}
     env.pop("DAGSTER_HOME", None)   # a private instance under the world's home
     logfile = home / "quality-pipeline.log"
     print(f"  pipeline (events + sequences) for {len(todo)} day(s) {todo[0]}..{todo[-1]}; log: {logfile}", flush=True)
