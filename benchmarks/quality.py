@@ -79,13 +79,15 @@ def _bb(**kw):
     return lambda cfg: dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, **kw))
 
 
-# Issue #18's levers, each one change against "teacher" or "student_kd": (trains a teacher or a KD student,
-# the config change, the row's label). Measured, not defaults: RESULTS.md "Model quality" says what each did.
+# Issue #18's levers, each one change against "teacher", "student" or "student_kd": (trains a teacher, a
+# student or a KD student, the config change, the row's label). Measured, not defaults: RESULTS.md "Model quality" says what each did.
 LEVERS = {
     "teacher_6_layers": ("teacher", _bb(n_layers=6), "teacher, 6 layers instead of 4"),
     "teacher_d96": ("teacher", _bb(d_model=96), "teacher, d=96 instead of 64"),
     "teacher_4k_context": ("teacher", lambda c: dataclasses.replace(c, max_len=4096), "teacher, 4,096 tokens instead of 2,048"),
     "teacher_no_id_dropout": ("teacher", _bb(id_dropout=0.0), "teacher, no id dropout"),
+    "student_2k_history": ("student", lambda c: dataclasses.replace(c, max_len=2048),
+                           "student, 2,048 history events instead of 1,024"),
     "student_kd_lambda1": ("kd", lambda c: dataclasses.replace(c, kd_lambda=1.0), "student, KD lambda 1 instead of 50"),
     "student_kd_lambda5": ("kd", lambda c: dataclasses.replace(c, kd_lambda=5.0), "student, KD lambda 5 instead of 50"),
     "student_kd_t2": ("kd", lambda c: dataclasses.replace(c, kd_temperature=2.0), "student, KD temperature 2"),
@@ -655,7 +657,7 @@ def derived(world: World, results: dict, seeds: list[int], variants: list[str]) 
     row("KD from a teacher that did not train on those days - student (no KD)", "student_kd_oot", "student",
         "issue #18: the pipeline's KD targets are out of time", +1)
     for v, (kind, _, label) in LEVERS.items():
-        base = "teacher" if kind == "teacher" else "student_kd"
+        base = {"teacher": "teacher", "student": "student"}.get(kind, "student_kd")
         row(f"{label} - {LABELS[base]}", v, base, "issue #18 lever", +1)
         if kind == "kd":
             row(f"{label} - student (no KD)", v, "student", "issue #18: KD that pays", +1)
