@@ -94,8 +94,11 @@ LEVERS = {
 }
 
 
+GBDT = ("counters_gbdt", "ad_gbdt")
 LABELS = {
     "bucket_ctr": "per-bucket historical CTR",
+    "counters_gbdt": "trees on the user's counters, the ad's CTR and the context (best epoch: trees)",
+    "ad_gbdt": "trees on the ad's CTR and the context",
     "no_history": "student, no user history",
     "teacher": "teacher (full tokens)",
     "student": "student, no KD",
@@ -287,14 +290,15 @@ def oracle_rows(world: World, labels) -> dict:
             "runner_auc_serving": {d: per_day.get(d) for d in world.eval_days}}
 
 
-def evidence_oracle(world: World, labels, grid: int = 161) -> float:
-    """AUC on the evaluated impressions of the oracle with serving visibility when it knows each ad's
-    quality only from the training days: everything else in the simulator's click logit is kept exact,
-    and each ad's quality is replaced by its posterior given the ad's logged training impressions and
-    their clicks (the quality prior N(0, strength^2) of the world, on a grid), the prediction averaging
-    the click probability over that posterior. No model trained on those days can know more about an
-    ad, so this is the part of the oracle a trained model could reach; the rest of the gap to the
-    oracle is what the training days do not show."""
+def evidence_oracle(world: World, labels, grid: int = 161) -> dict:
+    """AUCs on the evaluated impressions of the oracle with serving visibility when it knows each ad's
+    quality only from the training days (``auc_evidence``) and not at all (``auc_no_ad_quality``):
+    everything else in the simulator's click logit is kept exact, and each ad's quality is replaced by
+    its posterior given the ad's logged training impressions and their clicks (the quality prior
+    N(0, strength^2) of the world, on a grid), the prediction averaging the click probability over that
+    posterior. No model trained on those days can know more about an ad, so the first is the part of
+    the oracle a trained model could reach; the rest of the gap to the oracle is what the training days
+    do not show."""
     import numpy as np
     import pandas as pd
     from scipy import sparse
@@ -331,9 +335,10 @@ def evidence_oracle(world: World, labels, grid: int = 161) -> float:
     post /= post.sum(axis=1, keepdims=True)
 
     o, exam, ad, rest = rows(world.eval_days, "p_click_serving")
-    pred = exam * (expit(rest[:, None] + g[None, :]) * post[ad]).sum(axis=1)
-    scored = labels.merge(pd.DataFrame({"impression_id": o["impression_id"], "p": pred}), on="impression_id")
-    return auc(scored["label"], scored["p"])
+    scored = labels.merge(pd.DataFrame({"impression_id": o["impression_id"].to_numpy(),
+                                        "evidence": exam * (expit(rest[:, None] + g[None, :]) * post[ad]).sum(axis=1),
+                                        "no_ad_quality": exam * expit(rest)}), on="impression_id")
+    return {f"auc_{k}": auc(scored["label"], scored[k]) for k in ("evidence", "no_ad_quality")}
 
 
 def baseline_metrics(world: World) -> dict:
@@ -430,6 +435,74 @@ def student_variant(base, name: str):
     raise ValueError(name)
 
 
+GBDT_CONTEXT = ["bucket", "surface", "device", "hour", "ad_ctr", "ad_impressions"]
+
+
+def counter_rows(world: World, tcfg):
+    """One row per target impression of every day: the counters the models also get (MTGR's cross
+    features of the scored impression, models.data.cross_counts under the serving delay: the user's
+    events per action with the same ad / category / brand or any, in 1 and 30 days), its position
+    bucket, surface, device and hour, the user's history length, the label. Built once per world
+    (workdir/counter-rows.parquet)."""
+    import pandas as pd
+
+    from models.data.samples import iter_samples
+    from models.data.teacher_tokens import teacher_tokens
+    from models.data.tokens import F_DEVICE, F_HOUR, F_ITEM, F_SURFACE
+
+    path = world.home / "quality" / "counter-rows.parquet"
+    if path.exists():
+        return pd.read_parquet(path)
+    fc, frames = tcfg.features, []
+    for day in world.train_days + world.eval_days:
+        for s in iter_samples(world.samples([day]), fc):
+            tt = teacher_tokens(s, fc, 1 << 40, tcfg.mask.delay_ms)  # no budget: every event counts
+            if not len(tt.targets.label):
+                continue
+            f = tt.feats[tt.is_target]
+            d = pd.DataFrame(tt.cross, columns=[f"cross{i}" for i in range(tt.cross.shape[1])])
+            d = d.assign(bucket=tt.targets.bucket, label=tt.targets.label, user_id=tt.targets.user_id,
+                         item=f[:, F_ITEM], surface=f[:, F_SURFACE], device=f[:, F_DEVICE], hour=f[:, F_HOUR],
+                         history_tokens=int((tt.ts < tt.ts[tt.is_target].min()).sum()), day=day)
+            frames.append(d)
+    rows = pd.concat(frames, ignore_index=True)
+    rows.to_parquet(path, index=False)
+    return rows
+
+
+def counters_gbdt(world: World, tcfg, seed: int, user_counters: bool = True) -> dict:
+    """The pre-sequence industrial ranker on the same days: gradient-boosted trees (sklearn's
+    HistGradientBoostingClassifier) on counter_rows and the ad's click-through rate over the training
+    days (shrunk with 20 pseudo-impressions at the window's CTR; out of day for a training row, so a
+    row never sees its own click), with its impression count. ``user_counters=False`` keeps the ad and
+    the context only. Trees stop on a seeded 15 % validation split of the training rows; tested on the
+    test day(s) as every model is (the same target impressions)."""
+    import numpy as np
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    from models.metrics import summarize_predictions
+
+    rows = counter_rows(world, tcfg)
+    train, test = rows[rows["day"].isin(world.train_days)].copy(), rows[rows["day"].isin(world.eval_days)].copy()
+    prior, k = float(train["label"].mean()), 20.0
+    per_day = train.groupby(["item", "day"])["label"].agg(["sum", "count"])
+    total = per_day.groupby(level="item").sum()
+    own = per_day.reindex(list(zip(train["item"], train["day"]))).to_numpy()
+    clicks, shown = total.reindex(train["item"]).to_numpy().T - own.T
+    train["ad_ctr"], train["ad_impressions"] = (clicks + k * prior) / (shown + k), shown
+    tot = total.reindex(test["item"]).fillna(0).to_numpy().T
+    test["ad_ctr"], test["ad_impressions"] = (tot[0] + k * prior) / (tot[1] + k), tot[1]
+    cols = ([c for c in rows.columns if c.startswith("cross")] + ["history_tokens"] if user_counters else []) \
+        + GBDT_CONTEXT
+    trees = HistGradientBoostingClassifier(max_iter=500, learning_rate=0.05, early_stopping=True,
+                                           validation_fraction=0.15, n_iter_no_change=20, random_state=seed,
+                                           categorical_features=[cols.index("surface"), cols.index("device")])
+    trees.fit(train[cols].to_numpy(np.float64), train["label"].to_numpy())
+    pred = test.rename(columns={"bucket": "position_bucket"}).assign(
+        p=trees.predict_proba(test[cols].to_numpy(np.float64))[:, 1])
+    return {**_metrics(summarize_predictions(pred)), "best_epoch": float(trees.n_iter_)}
+
+
 def _train_cfg(sz: Sizes, seed: int):
     from models import TrainConfig
 
@@ -496,6 +569,12 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
         if v == "teacher" or key(v) in results:
             continue
         t0 = time.perf_counter()
+        if v in GBDT:
+            results[key(v)] = counters_gbdt(world, tcfg, seed, user_counters=v == "counters_gbdt")
+            print(f"  [{world.name}] seed {seed} {v:18s} auc {results[key(v)]['auc']:.4f} "
+                  f"({time.perf_counter() - t0:.0f}s)", flush=True)
+            save()
+            continue
         if v in LEVERS and LEVERS[v][0] == "teacher":
             model, fit = fit_model("teacher", LEVERS[v][1](tcfg), None, world.train_days, world, sz, seed)
         else:
@@ -551,6 +630,7 @@ def table(world: World, results: dict, seeds: list[int], variants: list[str], ex
         lines.append(f"| oracle, serving visibility (nothing newer than 1 h) | {o['auc_serving']:.4f} | | | | | | | |")
         lines.append(f"| oracle, serving visibility, each ad's quality as the training days show it | "
                      f"{o['auc_evidence']:.4f} | | | | | | | |")
+        lines.append(f"| oracle, serving visibility, no ad quality | {o['auc_no_ad_quality']:.4f} | | | | | | | |")
     lines.append(f"| {LABELS['bucket_ctr']} | {b['auc']:.4f} | {b['gauc']:.4f} | {b['logloss']:.4f} | "
                  f"{_cal(b.get('bucket0_calibration'))} / {_cal(b.get('bucket1_calibration'))} | | | | |")
     for v in variants:
@@ -559,12 +639,12 @@ def table(world: World, results: dict, seeds: list[int], variants: list[str], ex
             continue
         epochs = "/".join(str(int(x)) if not math.isnan(x) else "-"
                           for x in _per_seed(results, world, v, seeds, "best_epoch"))
+        n = lambda k: "-" if math.isnan(g(k)[0]) else f"{g(k)[0]:,.0f}"  # noqa: E731
         lines.append(
             f"| {LABELS[v]} | {_fmt(*g('auc'))} | {_fmt(*g('gauc'))} | {_fmt(*g('logloss'))} | "
             f"{_cal(g('bucket0_calibration')[0])} / {_cal(g('bucket1_calibration')[0])} | "
-            f"{g('len_before_avg')[0]:.0f} -> {g('len_after_avg')[0]:.0f} ({g('len_before_p90')[0]:.0f} -> "
-            f"{g('len_after_p90')[0]:.0f}) | {g('train_tokens_per_s')[0]:,.0f} | {g('train_events_per_s')[0]:,.0f} | "
-            f"{epochs} |")
+            f"{n('len_before_avg')} -> {n('len_after_avg')} ({n('len_before_p90')} -> {n('len_after_p90')}) | "
+            f"{n('train_tokens_per_s')} | {n('train_events_per_s')} | {epochs} |")
     lines.append("")
     if "oracle" in extra:
         o = extra["oracle"]
@@ -653,6 +733,12 @@ def derived(world: World, results: dict, seeds: list[int], variants: list[str]) 
         "CADET, TM20K: the user sequence is the signal (TM20K: 5K -> 20K events +0.26 % rel.)", +1)
     row("teacher - no-history student", "teacher", "no_history", "TM20K: the full-token teacher is the upper bound", +1)
     row("teacher - student (no KD)", "teacher", "student", "TM20K: teacher +0.11 % rel. over the student", +1)
+    row("teacher - trees on the counters", "teacher", "counters_gbdt",
+        "issue #18: a sequence model above the counters it is given", +1)
+    row("student (no KD) - trees on the counters", "student", "counters_gbdt",
+        "issue #18: a sequence model above the counters it is given", +1)
+    row("no-history student - trees on the ad's CTR and context", "no_history", "ad_gbdt",
+        "issue #18: ids learnt as well as the ad's CTR counter", +1)
     row("KD: student with KD - student without", "student_kd", "student", "TM20K: +0.07 % rel.", +1)
     row("KD from a teacher that did not train on those days - student (no KD)", "student_kd_oot", "student",
         "issue #18: the pipeline's KD targets are out of time", +1)
@@ -739,8 +825,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     started = time.perf_counter()
     seeds = list(range(n_seeds))
-    variants = ["no_history", "teacher", "student", "student_kd", "student_kd_oot", *LEVERS, "no_cross_features",
-                *ABLATIONS]
+    variants = [*GBDT, "no_history", "teacher", "student", "student_kd", "student_kd_oot", *LEVERS,
+                "no_cross_features", *ABLATIONS]
     if a.only:
         unknown = set(a.only.split(",")) - set(variants)
         if unknown:
@@ -814,7 +900,7 @@ def main(argv=None) -> int:
             # the evaluated impressions and their labels (any model's predict gives the same rows)
             labels = predict(build_model(student_variant(scfg, "no_history")), world.samples(world.eval_days),
                              with_labels=True)[["impression_id", "label"]]
-            extra["oracle"] = {**oracle_rows(world, labels), "auc_evidence": evidence_oracle(world, labels)}
+            extra["oracle"] = {**oracle_rows(world, labels), **evidence_oracle(world, labels)}
         print(f"  models on {world.name}: {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
         out.append(table(world, results, seeds, wv, extra))
     total = time.perf_counter() - started
