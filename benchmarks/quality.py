@@ -80,7 +80,8 @@ def _bb(**kw):
 
 
 # Issue #18's levers, each one change against "teacher", "student" or "student_kd": (trains a teacher, a
-# student or a KD student, the config change, the row's label). Measured, not defaults: RESULTS.md "Model quality" says what each did.
+# student or a KD student, the config change, the row's label). Measured, not defaults: RESULTS.md "Model
+# quality" says what each did.
 LEVERS = {
     "teacher_6_layers": ("teacher", _bb(n_layers=6), "teacher, 6 layers instead of 4"),
     "teacher_d96": ("teacher", _bb(d_model=96), "teacher, d=96 instead of 64"),
@@ -442,15 +443,20 @@ def counter_rows(world: World, tcfg):
     """One row per target impression of every day: the counters the models also get (MTGR's cross
     features of the scored impression, models.data.cross_counts under the serving delay: the user's
     events per action with the same ad / category / brand or any, in 1 and 30 days), its position
-    bucket, surface, device and hour, the user's history length, the label. Built once per world
-    (workdir/counter-rows.parquet)."""
+    bucket, surface, device and hour, the user's history length, the label. Built once per world, split
+    and counter definition (workdir/counter-rows-<key>.parquet). benchmarks/history_probe.py fits trees on
+    hand-made history features instead; these are the models' own inputs."""
+    import hashlib
+
     import pandas as pd
 
     from models.data.samples import iter_samples
     from models.data.teacher_tokens import teacher_tokens
     from models.data.tokens import F_DEVICE, F_HOUR, F_ITEM, F_SURFACE
 
-    path = world.home / "quality" / "counter-rows.parquet"
+    key = hashlib.sha256(json.dumps([world.train_days, world.eval_days, tcfg.features.cross_windows_days,
+                                     tcfg.mask.delay_ms]).encode()).hexdigest()[:12]
+    path = world.home / "quality" / f"counter-rows-{key}.parquet"
     if path.exists():
         return pd.read_parquet(path)
     fc, frames = tcfg.features, []
