@@ -87,6 +87,16 @@ LEVERS = {
     "teacher_d96": ("teacher", _bb(d_model=96), "teacher, d=96 instead of 64"),
     "teacher_4k_context": ("teacher", lambda c: dataclasses.replace(c, max_len=4096), "teacher, 4,096 tokens instead of 2,048"),
     "teacher_no_id_dropout": ("teacher", _bb(id_dropout=0.0), "teacher, no id dropout"),
+    "teacher_sample_counters": ("teacher", lambda c: dataclasses.replace(c, counters_over_sample=True),
+                                "teacher, counters over the whole sample, not only its kept tokens"),
+    "teacher_counter_logit": ("teacher", _bb(counter_logit=True), "teacher, counters also straight to the logit"),
+    "student_counter_logit": ("student", _bb(counter_logit=True), "student, counters also straight to the logit"),
+    "counters_no_ids": ("student", lambda c: dataclasses.replace(_bb(id_dropout=1.0)(c), use_history=False,
+                                                                 counters_without_history=True),
+                        "student on the counters, no history tokens, ids dropped in training"),
+    "counters_wide": ("student", lambda c: dataclasses.replace(_bb(counter_logit=True)(c), use_history=False,
+                                                               counters_without_history=True),
+                      "student on the counters, no history tokens, counters also straight to the logit"),
     "student_2k_history": ("student", lambda c: dataclasses.replace(c, max_len=2048),
                            "student, 2,048 history events instead of 1,024"),
     "student_kd_lambda1": ("kd", lambda c: dataclasses.replace(c, kd_lambda=1.0), "student, KD lambda 1 instead of 50"),
@@ -101,6 +111,7 @@ LABELS = {
     "counters_gbdt": "trees on the user's counters, the ad's CTR and the context (best epoch: trees)",
     "ad_gbdt": "trees on the ad's CTR and the context",
     "no_history": "student, no user history",
+    "counters_no_history": "student on the counters, no history tokens",
     "teacher": "teacher (full tokens)",
     "student": "student, no KD",
     "student_kd": "student, KD",
@@ -423,6 +434,8 @@ def student_variant(base, name: str):
         return LEVERS[name][1](base)
     if name == "no_history":
         return r(base, use_history=False)
+    if name == "counters_no_history":
+        return r(base, use_history=False, counters_without_history=True)
     if name == "no_cross_features":
         return r(base, features=r(base.features, cross_windows_days=()))
     if name == "no_position_heads":
@@ -831,7 +844,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     started = time.perf_counter()
     seeds = list(range(n_seeds))
-    variants = [*GBDT, "no_history", "teacher", "student", "student_kd", "student_kd_oot", *LEVERS,
+    variants = [*GBDT, "no_history", "counters_no_history", "teacher", "student", "student_kd", "student_kd_oot", *LEVERS,
                 "no_cross_features", *ABLATIONS]
     if a.only:
         unknown = set(a.only.split(",")) - set(variants)

@@ -76,6 +76,10 @@ class BackboneConfig:
     qk_gate: bool = True         # CADET gates on projected Q and K
     qk_norm: bool = True         # TM20K: QK-norm, needed for late-training stability
     n_buckets: int = 2           # CADET: K=2 position buckets (slots 1-4, 5+)
+    # ours (wide & deep, Cheng et al. 2016): the cross features also feed each bucket's logit directly through
+    # their own small zero-initialised MLP, beside the adapter into the residual stream. An MLP on the counters
+    # alone scored above the teacher on every simulated world (benchmarks/RESULTS.md, issue #18).
+    counter_logit: bool = False
     n_click_types: int = 4       # none + view_details / add_to_cart / follow
     aux_click_type_weight: float = 0.1  # ours: CADET gives no weights for aux heads
     aux_dwell_weight: float = 0.1       # ours
@@ -90,6 +94,9 @@ class TeacherConfig:
     rope: RoPEConfig = field(default_factory=RoPEConfig)
     mask: MaskConfig = field(default_factory=MaskConfig)
     max_len: int = 4096          # CADET: sequence length 4096 (configurable up to 20K, TM20K)
+    # ours: the targets' cross features count every event of the sample, not only the tokens that fit
+    # max_len (the teacher is never served, so nothing at serving has to count the same way)
+    counters_over_sample: bool = False
 
 
 @dataclass
@@ -119,6 +126,9 @@ class StudentConfig:
     # sequence). Its tokens carry no history (data.tokenizer_for) and the model drops any it is given.
     # Not max_len=0, which means "every event".
     use_history: bool = True
+    # with use_history=False, keep the candidates' cross features (the counters of the user's history): a
+    # DLRM on MTGR's counters, the industrial ranker before sequence models, on the student's own layers
+    counters_without_history: bool = False
     # position_input=True: CADET's "common practice" baseline instead of its position heads: the scored
     # impression's real position is an input of its candidate token in training (through the position
     # embedding the history's impressions use) and serving_position fills it at serving and evaluation,

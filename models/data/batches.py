@@ -71,13 +71,14 @@ def tokenizer_for(kind: str, cfg):
     """Sample -> tokens for a TeacherConfig / StudentConfig, with max_tokens = the budget."""
     fc = cfg.features
     if kind == "teacher":
-        return lambda s, budget: teacher_tokens(s, fc, min(cfg.max_len, budget), cfg.mask.delay_ms)
+        return lambda s, budget: teacher_tokens(s, fc, min(cfg.max_len, budget), cfg.mask.delay_ms,
+                                                cfg.counters_over_sample)
 
     def student(s: Sample, budget: int) -> StudentTokens:
         t = student_tokens(s, fc, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds, cfg.patm_factors,
                            max_tokens=budget, delay_ms=cfg.mask.delay_ms)
         if not getattr(cfg, "use_history", True):
-            t = without_history(t)
+            t = without_history(t, getattr(cfg, "counters_without_history", False))
         if getattr(cfg, "position_input", False):
             t = with_candidate_positions(t, s, fc)
         return t

@@ -118,11 +118,13 @@ def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True
                          targets=Targets.of(s, tgt_idx), n_events=len(hist))
 
 
-def without_history(t: StudentTokens) -> StudentTokens:
-    """The same candidates with no history tokens (StudentConfig.use_history=False), so no cross counts."""
+def without_history(t: StudentTokens, keep_counters: bool = False) -> StudentTokens:
+    """The same candidates with no history tokens (StudentConfig.use_history=False), and no cross counts
+    unless ``keep_counters`` (StudentConfig.counters_without_history)."""
     F = t.ev_feats.shape[1]
     return replace(t, ev_feats=np.zeros((0, F), np.int64), ev_ts=np.zeros(0, np.int64), ev_group=np.zeros(0, np.int64),
-                   hist_ts=np.zeros(0, np.int64), cand_cross=np.zeros_like(t.cand_cross), n_events=0)
+                   hist_ts=np.zeros(0, np.int64), n_events=0,
+                   cand_cross=t.cand_cross if keep_counters else np.zeros_like(t.cand_cross))
 
 
 def with_candidate_positions(t: StudentTokens, s: Sample, fc: FeatureConfig) -> StudentTokens:

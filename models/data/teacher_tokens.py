@@ -32,10 +32,12 @@ class TeacherTokens:
         return int(self.ts.shape[0])
 
 
-def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int, delay_ms: int = HOUR_MS) -> TeacherTokens:
+def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int, delay_ms: int = HOUR_MS,
+                   counters_over_sample: bool = False) -> TeacherTokens:
     """Interleaved (content, action) tokens for impressions, one token per behavior, in time order.
     The oldest non-target events are dropped until the sequence fits max_tokens. delay_ms: the serving
-    delay the targets' cross features are counted under."""
+    delay the targets' cross features are counted under; they count the kept tokens' outcomes, or with
+    ``counters_over_sample`` every event of the sample, dropped ones included (TeacherConfig)."""
     tgt = valid_targets(s)
     cost = np.where(s.is_imp, 2, 1)
     keep = np.ones(s.n_events, bool)
@@ -70,6 +72,11 @@ def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int, delay_ms: int 
     is_target = np.zeros(T, bool)
     tmask = tgt[ev]
     is_target[starts[tmask]] = True
-    cross = cross_counts(feats, ts, feats[is_target], ts[is_target] - delay_ms, fc)
+    if counters_over_sample:  # one outcome-bearing row per event, as the behaviour and action tokens carry
+        every = np.arange(s.n_events)
+        outcomes = content_feats(s, every, TT_BEHAVIOR) + action_feats(s, every, fc) * (np.arange(N_FIELDS) != F_HOUR)
+        cross = cross_counts(outcomes, s.ts, feats[is_target], ts[is_target] - delay_ms, fc)
+    else:
+        cross = cross_counts(feats, ts, feats[is_target], ts[is_target] - delay_ms, fc)
     return TeacherTokens(feats=feats, ts=ts, is_target=is_target, cross=cross, targets=Targets.of(s, ev[tmask]),
                          n_events=len(ev))

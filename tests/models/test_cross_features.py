@@ -79,6 +79,23 @@ def test_teacher_student_and_serving_count_the_same_events(samples_dir):
     assert checked > 20  # most targets have something to count
 
 
+def test_a_truncated_teacher_sequence_can_still_count_the_whole_sample(samples_dir):
+    """TeacherConfig.counters_over_sample: a sequence cut to a few tokens gives its targets the counters of the
+    whole sample (those of the uncut sequence), where the default counts only the tokens kept."""
+    fc = tiny_features()
+    cut_somewhere = False
+    for s in iter_samples(samples_dir, fc):
+        full = teacher_tokens(s, fc, 100_000, HOUR_MS)
+        budget = 2 * int((s.is_target & s.is_imp & (s.label >= 0)).sum()) + 4
+        kept = teacher_tokens(s, fc, budget, HOUR_MS)
+        whole = teacher_tokens(s, fc, budget, HOUR_MS, counters_over_sample=True)
+        np.testing.assert_array_equal(whole.feats, kept.feats)
+        np.testing.assert_array_equal(whole.targets.impression_id, full.targets.impression_id)
+        np.testing.assert_array_equal(whole.cross, full.cross)
+        cut_somewhere |= kept.n_events < s.n_events and not np.array_equal(kept.cross, full.cross)
+    assert cut_somewhere  # the budget did drop counted events somewhere
+
+
 def test_a_target_reads_its_own_cross_features_only(samples_dir):
     """Randomised weights (the adapter starts at zero): changing one target's cross features changes that
     target's logits and no other's, for the teacher (targets inside the sequence) and the student."""
