@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from .layers import AuxHeads, Block, BucketHeads, CounterLogit, CrossFeatures, RoPE, TokenEmbedding, init_weights
+from .layers import AuxHeads, Block, BucketHeads, CrossFeatures, RoPE, TokenEmbedding, init_weights
 
 
 class RankingBackbone(nn.Module):
@@ -23,14 +23,7 @@ class RankingBackbone(nn.Module):
         for name in bucket_heads:
             setattr(self, name, BucketHeads(b.d_model, b.n_buckets))
         self.aux = AuxHeads(b.d_model, b.n_click_types)
-        # registered last: a model without it draws the same initial weights from a seed as before it existed
-        self.counter_logit = CounterLogit(self.cross.net[0].in_features, b.n_buckets) \
-            if b.counter_logit and self.cross is not None else None
         init_weights(self)
-
-    def wide(self, logits, cross):
-        """The heads' logits plus the counters' own (BackboneConfig.counter_logit), if the model has them."""
-        return logits if self.counter_logit is None else logits + self.counter_logit(cross).to(logits.dtype)
 
     def delay_ms(self, serving: bool) -> int:
         """The delay mask's width: always at serving; in training unless the config trains without it."""

@@ -76,10 +76,6 @@ class BackboneConfig:
     qk_gate: bool = True         # CADET gates on projected Q and K
     qk_norm: bool = True         # TM20K: QK-norm, needed for late-training stability
     n_buckets: int = 2           # CADET: K=2 position buckets (slots 1-4, 5+)
-    # ours (wide & deep, Cheng et al. 2016): the cross features also feed each bucket's logit directly through
-    # their own small zero-initialised MLP, beside the adapter into the residual stream. An MLP on the counters
-    # alone scored above the teacher on every simulated world (benchmarks/RESULTS.md, issue #18).
-    counter_logit: bool = False
     n_click_types: int = 4       # none + view_details / add_to_cart / follow
     aux_click_type_weight: float = 0.1  # ours: CADET gives no weights for aux heads
     aux_dwell_weight: float = 0.1       # ours

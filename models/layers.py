@@ -54,22 +54,6 @@ class CrossFeatures(nn.Module):
         return self.net(cross)
 
 
-class CounterLogit(nn.Module):
-    """The wide part of a wide & deep ranker: the scored token's cross features straight to a logit shift per
-    position bucket, added to the heads' output. Its last layer starts at zero (the model starts as it would
-    without it); unlike the residual adapter, its gradient does not wait for the blocks above to use it."""
-
-    def __init__(self, n_in: int, K: int, hidden: int = 64):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, K))
-
-    def reset_adapter(self) -> None:
-        nn.init.zeros_(self.net[-1].weight)
-
-    def forward(self, cross):
-        return self.net(cross)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
@@ -258,5 +242,5 @@ def init_weights(module: nn.Module):
     for m in module.modules():
         if isinstance(m, BucketHeads):
             m.set_prior(torch.full_like(m.calibration, 0.5))
-        elif isinstance(m, (CrossFeatures, CounterLogit)):
+        elif isinstance(m, CrossFeatures):
             m.reset_adapter()

@@ -99,9 +99,9 @@ class Student(RankingBackbone):
                 self.last_lengths.append(int(hlen.sum()))
             x = blk(x, lo, hi, cs)
         h = x[cpos]
-        out = {"logits": self.wide(self.main_head(h), t["cand_cross"])}
+        out = {"logits": self.main_head(h)}
         if not serving:
-            out["distill_logits"] = self.wide(self.distill_head(h), t["cand_cross"])
+            out["distill_logits"] = self.distill_head(h)
             out["click_type"], out["dwell"] = self.aux(h)
         return out
 

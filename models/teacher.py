@@ -31,7 +31,7 @@ class Teacher(RankingBackbone):
         for blk in self.blocks:
             x = blk(x, lo, hi, cs)
         h = x[t["is_target"]]
-        out = {"logits": self.wide(self.heads(h), t["cross"])}
+        out = {"logits": self.heads(h)}
         if not serving:
             out["click_type"], out["dwell"] = self.aux(h)
         return out
