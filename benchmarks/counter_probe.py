@@ -1,0 +1,114 @@
+"""What the models' counters are worth, and what the student's history window costs them (issue #18).
+
+    .venv/bin/python benchmarks/counter_probe.py                      # the three simulated worlds of quality.py
+    .venv/bin/python benchmarks/counter_probe.py --worlds demo --seeds 3
+
+A probe, not a model. For every target impression of a quality.py world (built there, under the same
+--home) it takes the 48 cross features the models are given (MTGR's counters, models.data.cross_counts under
+the serving delay) counted two ways: over the user's whole sample (what the teacher could count) and over
+the student's own history window (its newest max_len events, what serving counts from the online store).
+A small MLP (two SiLU layers of 64, AdamW, early stopping on a seeded 15 % of the training rows) on each,
+with the position bucket and hour, is fitted on the training days and scored on the test day, per seed.
+The AUC on the whole sample's counters is what the counters alone allow a neural model; the difference
+between the two is what the window costs before any sequence modelling.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import roc_auc_score
+
+# benchmarks/quality.py (the worlds, their split, the model sizes), under its own name: the project has a
+# `quality` package (the data checks). Loading it also puts the repository root on sys.path.
+_spec = importlib.util.spec_from_file_location("quality_benchmark", Path(__file__).with_name("quality.py"))
+quality = sys.modules["quality_benchmark"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(quality)
+
+from models.data.batches import tokenizer_for  # noqa: E402
+from models.data.samples import iter_samples  # noqa: E402
+from models.data.teacher_tokens import teacher_tokens  # noqa: E402
+from models.data.tokens import F_HOUR  # noqa: E402
+
+
+def counter_rows(world, scfg) -> pd.DataFrame:
+    """Per target impression: the whole sample's counters (whole0..), the student window's (window0..), the
+    bucket, hour, label and day."""
+    fc, student = scfg.features, tokenizer_for("student", scfg)
+    frames = []
+    for day in world.train_days + world.eval_days:
+        for s in iter_samples(world.samples([day]), fc):
+            whole = teacher_tokens(s, fc, 1 << 40, scfg.mask.delay_ms)  # no budget: every event counts
+            window = student(s, 1 << 40)
+            if not len(whole.targets.label):
+                continue
+            assert np.array_equal(whole.targets.impression_id, window.targets.impression_id)
+            n = whole.cross.shape[1]
+            frames.append(pd.concat([pd.DataFrame(whole.cross, columns=[f"whole{i}" for i in range(n)]),
+                                     pd.DataFrame(window.cand_cross, columns=[f"window{i}" for i in range(n)])], axis=1)
+                          .assign(bucket=whole.targets.bucket, hour=whole.feats[whole.is_target][:, F_HOUR],
+                                  label=whole.targets.label, day=day))
+    return pd.concat(frames, ignore_index=True)
+
+
+def mlp_auc(train: pd.DataFrame, test: pd.DataFrame, cols: list[str], seed: int) -> float:
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+
+    def design(df):
+        onehot = [np.eye(n, dtype=np.float32)[df[c].to_numpy().astype(np.int64) % n] for c, n in (("bucket", 8), ("hour", 24))]
+        return torch.from_numpy(np.concatenate([df[cols].to_numpy(np.float32)] + onehot, 1))
+
+    x, xt, y = design(train), design(test), torch.from_numpy(train["label"].to_numpy(np.float32))
+    idx = rng.permutation(len(x))
+    val, fit = idx[:int(0.15 * len(x))], idx[int(0.15 * len(x)):]
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 64), torch.nn.SiLU(), torch.nn.Linear(64, 64), torch.nn.SiLU(),
+                              torch.nn.Linear(64, 1))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-4)
+    best, state, worse = -1.0, None, 0
+    while worse < 2:  # stop after two passes without a better validation AUC, keep the best
+        for b in torch.from_numpy(rng.permutation(fit)).split(512):
+            opt.zero_grad()
+            torch.nn.functional.binary_cross_entropy_with_logits(net(x[b]).squeeze(1), y[b]).backward()
+            opt.step()
+        with torch.no_grad():
+            a = roc_auc_score(y[val].numpy(), net(x[val]).squeeze(1).numpy())
+        best, state, worse = (a, {k: v.clone() for k, v in net.state_dict().items()}, 0) if a > best \
+            else (best, state, worse + 1)
+    net.load_state_dict(state)
+    with torch.no_grad():
+        return float(roc_auc_score(test["label"], net(xt).squeeze(1).numpy()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worlds", default=",".join(quality.WORLDS))
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--home", default="/tmp/genrank-quality", help="quality.py's --home (the worlds are built there)")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    _, scfg = quality._configs(quality.Sizes())
+    print(f"| world | targets | test targets whose counters the window changes | MLP, whole sample's counters | MLP, the "
+          f"student's window ({scfg.max_len} events) | window - whole (paired) |\n|---|---|---|---|---|---|")
+    for name in a.worlds.split(","):
+        world = quality.prepare_simulated(Path(a.home) / name, name, quality.WORLDS[name], None, 1)
+        rows = counter_rows(world, scfg)
+        whole = [c for c in rows.columns if c.startswith("whole")]
+        window = [c for c in rows.columns if c.startswith("window")]
+        train, test = rows[rows["day"].isin(world.train_days)], rows[rows["day"].isin(world.eval_days)]
+        changed = float((np.abs(test[whole].to_numpy() - test[window].to_numpy()).max(1) > 0).mean())
+        w = np.array([mlp_auc(train, test, whole, s) for s in range(a.seeds)])
+        n = np.array([mlp_auc(train, test, window, s) for s in range(a.seeds)])
+        d = n - w
+        se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+        print(f"| {name} | {len(test):,} test / {len(train):,} train | {changed:.1%} | {w.mean():.4f} ± {w.std(ddof=1) if len(w) > 1 else 0:.4f} "
+              f"| {n.mean():.4f} ± {n.std(ddof=1) if len(n) > 1 else 0:.4f} | {d.mean():+.4f} ± {se:.4f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
