@@ -39,6 +39,20 @@ def test_no_history_tokens_hold_only_the_candidates(samples_dir):
         assert np.array_equal(t.targets.impression_id, f.targets.impression_id)
 
 
+def test_no_history_keeps_the_counters_only_when_asked(samples_dir):
+    """counters_without_history: no history tokens, but the candidates keep the full model's cross features."""
+    full = tokenizer_for("student", tiny_student())
+    bare = tokenizer_for("student", tiny_student(use_history=False))
+    dlrm = tokenizer_for("student", tiny_student(use_history=False, counters_without_history=True))
+    counted = 0
+    for s in iter_samples(samples_dir, tiny_student().features):
+        f, b, d = full(s, 10_000), bare(s, 10_000), dlrm(s, 10_000)
+        assert d.n_groups == 0 and len(d.ev_feats) == 0
+        assert np.array_equal(d.cand_cross, f.cand_cross) and not b.cand_cross.any()
+        counted += int(f.cand_cross.any(1).sum())
+    assert counted > 0
+
+
 def test_no_history_model_ignores_any_history_it_is_given(samples_dir):
     cfg = tiny_student(use_history=False)
     model = _model(cfg)
