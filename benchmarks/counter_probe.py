@@ -32,28 +32,19 @@ _spec.loader.exec_module(quality)
 
 from models.data.batches import tokenizer_for  # noqa: E402
 from models.data.samples import iter_samples  # noqa: E402
-from models.data.teacher_tokens import teacher_tokens  # noqa: E402
-from models.data.tokens import F_HOUR  # noqa: E402
 
 
-def counter_rows(world, scfg) -> pd.DataFrame:
-    """Per target impression: the whole sample's counters (whole0..), the student window's (window0..), the
-    bucket, hour, label and day."""
-    fc, student = scfg.features, tokenizer_for("student", scfg)
-    frames = []
+def counter_rows(world, tcfg, scfg) -> pd.DataFrame:
+    """quality.py's counter rows (the whole sample's counters as cross0..) with the student window's for the
+    same impressions beside them (window0..)."""
+    student, windows = tokenizer_for("student", scfg), []
     for day in world.train_days + world.eval_days:
-        for s in iter_samples(world.samples([day]), fc):
-            whole = teacher_tokens(s, fc, 1 << 40, scfg.mask.delay_ms)  # no budget: every event counts
-            window = student(s, 1 << 40)
-            if not len(whole.targets.label):
-                continue
-            assert np.array_equal(whole.targets.impression_id, window.targets.impression_id)
-            n = whole.cross.shape[1]
-            frames.append(pd.concat([pd.DataFrame(whole.cross, columns=[f"whole{i}" for i in range(n)]),
-                                     pd.DataFrame(window.cand_cross, columns=[f"window{i}" for i in range(n)])], axis=1)
-                          .assign(bucket=whole.targets.bucket, hour=whole.feats[whole.is_target][:, F_HOUR],
-                                  label=whole.targets.label, day=day))
-    return pd.concat(frames, ignore_index=True)
+        for s in iter_samples(world.samples([day]), scfg.features):
+            t = student(s, 1 << 40)
+            windows.append(pd.DataFrame(t.cand_cross, columns=[f"window{i}" for i in range(t.cand_cross.shape[1])])
+                           .assign(impression_id=t.targets.impression_id))
+    rows = quality.counter_rows(world, tcfg)
+    return rows.merge(pd.concat(windows, ignore_index=True), on="impression_id", how="inner", validate="one_to_one")
 
 
 def mlp_auc(train: pd.DataFrame, test: pd.DataFrame, cols: list[str], seed: int) -> float:
@@ -92,13 +83,13 @@ def main() -> None:
     ap.add_argument("--home", default="/tmp/genrank-quality", help="quality.py's --home (the worlds are built there)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    _, scfg = quality._configs(quality.Sizes())
+    tcfg, scfg = quality._configs(quality.Sizes())
     print(f"| world | targets | test targets whose counters the window changes | MLP, whole sample's counters | MLP, the "
           f"student's window ({scfg.max_len} events) | window - whole (paired) |\n|---|---|---|---|---|---|")
     for name in a.worlds.split(","):
         world = quality.prepare_simulated(Path(a.home) / name, name, quality.WORLDS[name], None, 1)
-        rows = counter_rows(world, scfg)
-        whole = [c for c in rows.columns if c.startswith("whole")]
+        rows = counter_rows(world, tcfg, scfg)
+        whole = [c for c in rows.columns if c.startswith("cross")]
         window = [c for c in rows.columns if c.startswith("window")]
         train, test = rows[rows["day"].isin(world.train_days)], rows[rows["day"].isin(world.eval_days)]
         changed = float((np.abs(test[whole].to_numpy() - test[window].to_numpy()).max(1) > 0).mean())

@@ -451,7 +451,7 @@ def counter_rows(world: World, tcfg):
     """One row per target impression of every day: the counters the models also get (MTGR's cross
     features of the scored impression, models.data.cross_counts under the serving delay: the user's
     events per action with the same ad / category / brand or any, in 1 and 30 days), its position
-    bucket, surface, device and hour, the user's history length, the label. Built once per world, split
+    bucket, surface, device and hour, the user's history length, the label, the impression id. Built once per world, split
     and counter definition (workdir/counter-rows-<key>.parquet). benchmarks/history_probe.py fits trees on
     hand-made history features instead; these are the models' own inputs."""
     import hashlib
@@ -462,8 +462,8 @@ def counter_rows(world: World, tcfg):
     from models.data.teacher_tokens import teacher_tokens
     from models.data.tokens import F_DEVICE, F_HOUR, F_ITEM, F_SURFACE
 
-    key = hashlib.sha256(json.dumps([world.train_days, world.eval_days, tcfg.features.cross_windows_days,
-                                     tcfg.mask.delay_ms]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps(["impression_id", world.train_days, world.eval_days,
+                                     tcfg.features.cross_windows_days, tcfg.mask.delay_ms]).encode()).hexdigest()[:12]
     path = world.home / "quality" / f"counter-rows-{key}.parquet"
     if path.exists():
         return pd.read_parquet(path)
@@ -476,6 +476,7 @@ def counter_rows(world: World, tcfg):
             f = tt.feats[tt.is_target]
             d = pd.DataFrame(tt.cross, columns=[f"cross{i}" for i in range(tt.cross.shape[1])])
             d = d.assign(bucket=tt.targets.bucket, label=tt.targets.label, user_id=tt.targets.user_id,
+                         impression_id=tt.targets.impression_id,
                          item=f[:, F_ITEM], surface=f[:, F_SURFACE], device=f[:, F_DEVICE], hour=f[:, F_HOUR],
                          history_tokens=int((tt.ts < tt.ts[tt.is_target].min()).sum()), day=day)
             frames.append(d)
