@@ -5,16 +5,18 @@
 
 A probe, not a model. For every target impression of a quality.py world (built there, under the same
 --home) it takes the 48 cross features the models are given (MTGR's counters, models.data.cross_counts under
-the serving delay) counted two ways: over the user's whole sample (what the teacher could count) and over
-the student's own history window (its newest max_len events, what serving counts from the online store).
+the serving delay) counted three ways: over the user's whole sample, over the newest counter_len events (what
+both models count since ModelSizes.counter_events, and the online store keeps), and over the student's history
+window only (its newest max_len events, what the student and serving counted before counter_len).
 A small MLP (two SiLU layers of 64, AdamW, early stopping on a seeded 15 % of the training rows) on each,
 with the position bucket and hour, is fitted on the training days and scored on the test day, per seed.
-The AUC on the whole sample's counters is what the counters alone allow a neural model; the difference
-between the two is what the window costs before any sequence modelling.
+The AUC on the whole sample's counters is what the counters alone allow a neural model; the differences
+are what a shorter log costs before any sequence modelling.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -35,16 +37,21 @@ from models.data.samples import iter_samples  # noqa: E402
 
 
 def counter_rows(world, tcfg, scfg) -> pd.DataFrame:
-    """quality.py's counter rows (the whole sample's counters as cross0..) with the student window's for the
-    same impressions beside them (window0..)."""
-    student, windows = tokenizer_for("student", scfg), []
+    """quality.py's counter rows (the whole sample's counters as cross0..) with, for the same impressions, the
+    student's counters over its counter_len events (log0..) and over its history window alone (window0..)."""
+    frames = {prefix: [] for prefix in ("log", "window")}
+    tokenizers = {"log": tokenizer_for("student", scfg),
+                  "window": tokenizer_for("student", dataclasses.replace(scfg, counter_len=None))}
     for day in world.train_days + world.eval_days:
         for s in iter_samples(world.samples([day]), scfg.features):
-            t = student(s, 1 << 40)
-            windows.append(pd.DataFrame(t.cand_cross, columns=[f"window{i}" for i in range(t.cand_cross.shape[1])])
-                           .assign(impression_id=t.targets.impression_id))
+            for prefix, tok in tokenizers.items():
+                t = tok(s, 1 << 40)
+                frames[prefix].append(pd.DataFrame(t.cand_cross, columns=[f"{prefix}{i}" for i in range(t.cand_cross.shape[1])])
+                                      .assign(impression_id=t.targets.impression_id))
     rows = quality.counter_rows(world, tcfg)
-    return rows.merge(pd.concat(windows, ignore_index=True), on="impression_id", how="inner", validate="one_to_one")
+    for f in frames.values():
+        rows = rows.merge(pd.concat(f, ignore_index=True), on="impression_id", how="inner", validate="one_to_one")
+    return rows
 
 
 def mlp_auc(train: pd.DataFrame, test: pd.DataFrame, cols: list[str], seed: int) -> float:
@@ -84,21 +91,24 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(1)
     tcfg, scfg = quality._configs(quality.Sizes())
-    print(f"| world | targets | test targets whose counters the window changes | MLP, whole sample's counters | MLP, the "
-          f"student's window ({scfg.max_len} events) | window - whole (paired) |\n|---|---|---|---|---|---|")
+    print(f"| world | targets | test targets whose counters the log / the window changes | MLP, whole sample's counters "
+          f"| MLP, the newest {scfg.counter_len:,} events | MLP, the student's window ({scfg.max_len:,} events) "
+          f"| log - whole (paired) | window - whole (paired) |\n|---|---|---|---|---|---|---|---|")
     for name in a.worlds.split(","):
         world = quality.prepare_simulated(Path(a.home) / name, name, quality.WORLDS[name], None, 1)
         rows = counter_rows(world, tcfg, scfg)
-        whole = [c for c in rows.columns if c.startswith("cross")]
-        window = [c for c in rows.columns if c.startswith("window")]
         train, test = rows[rows["day"].isin(world.train_days)], rows[rows["day"].isin(world.eval_days)]
-        changed = float((np.abs(test[whole].to_numpy() - test[window].to_numpy()).max(1) > 0).mean())
-        w = np.array([mlp_auc(train, test, whole, s) for s in range(a.seeds)])
-        n = np.array([mlp_auc(train, test, window, s) for s in range(a.seeds)])
-        d = n - w
-        se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
-        print(f"| {name} | {len(test):,} test / {len(train):,} train | {changed:.1%} | {w.mean():.4f} ± {w.std(ddof=1) if len(w) > 1 else 0:.4f} "
-              f"| {n.mean():.4f} ± {n.std(ddof=1) if len(n) > 1 else 0:.4f} | {d.mean():+.4f} ± {se:.4f} |", flush=True)
+        cols = {p: [c for c in rows.columns if c.startswith(p)] for p in ("cross", "log", "window")}
+        changed = [float((np.abs(test[cols["cross"]].to_numpy() - test[cols[p]].to_numpy()).max(1) > 0).mean())
+                   for p in ("log", "window")]
+        auc = {p: np.array([mlp_auc(train, test, c, s) for s in range(a.seeds)]) for p, c in cols.items()}
+        cells = [f"{v.mean():.4f} ± {v.std(ddof=1) if len(v) > 1 else 0:.4f}" for v in auc.values()]
+        for p in ("log", "window"):
+            d = auc[p] - auc["cross"]
+            se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+            cells.append(f"{d.mean():+.4f} ± {se:.4f}")
+        print(f"| {name} | {len(test):,} test / {len(train):,} train | {changed[0]:.1%} / {changed[1]:.1%} | "
+              + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

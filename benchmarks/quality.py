@@ -87,13 +87,15 @@ LEVERS = {
     "teacher_d96": ("teacher", _bb(d_model=96), "teacher, d=96 instead of 64"),
     "teacher_4k_context": ("teacher", lambda c: dataclasses.replace(c, max_len=4096), "teacher, 4,096 tokens instead of 2,048"),
     "teacher_no_id_dropout": ("teacher", _bb(id_dropout=0.0), "teacher, no id dropout"),
-    "teacher_sample_counters": ("teacher", lambda c: dataclasses.replace(c, counters_over_sample=True),
-                                "teacher, counters over the whole sample, not only its kept tokens"),
+    "teacher_token_counters": ("teacher", lambda c: dataclasses.replace(c, counter_len=None),
+                               "teacher, counters over its kept tokens only (before counter_len)"),
     "counters_no_ids": ("student", lambda c: dataclasses.replace(_bb(id_dropout=1.0)(c), use_history=False,
                                                                  counters_without_history=True),
                         "student on the counters, no history tokens, ids dropped in training"),
     "student_2k_history": ("student", lambda c: dataclasses.replace(c, max_len=2048),
                            "student, 2,048 history events instead of 1,024"),
+    "student_window_counters": ("student", lambda c: dataclasses.replace(c, counter_len=None),
+                                "student, counters over its 1,024 history events only (before counter_len)"),
     "student_kd_lambda1": ("kd", lambda c: dataclasses.replace(c, kd_lambda=1.0), "student, KD lambda 1 instead of 50"),
     "student_kd_lambda5": ("kd", lambda c: dataclasses.replace(c, kd_lambda=5.0), "student, KD lambda 5 instead of 50"),
     "student_kd_t2": ("kd", lambda c: dataclasses.replace(c, kd_temperature=2.0), "student, KD temperature 2"),
@@ -392,6 +394,7 @@ class Sizes:
     student_layers: int = 4      # LPTM pair-sums before layer 2 (of 0..3): it needs >= 3 layers to act
     teacher_max_len: int = 2048  # tokens (an impression costs 2)
     student_max_len: int = 1024  # events
+    counter_len: int = 4096      # events both models' counters count (ModelSizes.counter_events)
     epochs: int = 12             # at most; the held-out slice picks the pass (TrainConfig.patience, holdout)
     patience: int = 2            # TrainConfig.patience
     holdout: float = 0.2         # TrainConfig.holdout
@@ -409,10 +412,10 @@ def _configs(sz: Sizes):
     from models.config import DEMO_SIZES, feature_config
 
     fc = feature_config(DEMO_SIZES)
-    teacher = TeacherConfig(features=fc, max_len=sz.teacher_max_len,
+    teacher = TeacherConfig(features=fc, max_len=sz.teacher_max_len, counter_len=sz.counter_len,
                             backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.teacher_layers, n_heads=sz.n_heads,
                                                     id_dropout=sz.id_dropout))
-    student = StudentConfig(features=fc, max_len=sz.student_max_len, kd_lambda=sz.kd_lambda,
+    student = StudentConfig(features=fc, max_len=sz.student_max_len, counter_len=sz.counter_len, kd_lambda=sz.kd_lambda,
                             kd_temperature=sz.kd_temperature,
                             backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.student_layers, n_heads=sz.n_heads,
                                                     id_dropout=sz.id_dropout))

@@ -216,15 +216,16 @@ def _register(home: Path, bundle_dir: Path) -> str:
     return uri
 
 
-def _online_store(home: Path, rng, users: int, history: int, hash_key: str) -> None:
-    """The synthetic users' histories in the embedded online store, as online_sequences writes it."""
+def _online_store(home: Path, rng, users: int, history: int, max_events: int, hash_key: str) -> None:
+    """The synthetic users' histories (``history`` events each) in the embedded online store, as online_sequences
+    writes it for a model whose counters count ``max_events`` events."""
     from deploy.event_codec import encode
     from deploy.sequence_store import LmdbStore
 
     store = LmdbStore(home / "online_store", readonly=False)
     frames = (history_frame(rng, f"user{u}", history) for u in range(users))
     store.publish("2026-01-01", ((str(f["user_id"].iat[0]), encode({c: f[c].to_numpy(object) for c in f.columns}, hash_key))
-                                 for f in frames), rebuild=True, max_events=history, hash_key=hash_key)
+                                 for f in frames), rebuild=True, max_events=max_events, hash_key=hash_key)
     store.close()
 
 
@@ -297,7 +298,7 @@ def load_test(model: Student, bundle_dir: Path, workers: int, threads: int, user
     rng = np.random.default_rng(2)
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        _online_store(home, rng, users, history, model.cfg.features.hash_key)
+        _online_store(home, rng, users, history, max(history, model.cfg.counter_len or 0), model.cfg.features.hash_key)
         uri = _register(home, bundle_dir)
         bodies = [orjson.dumps({"user_id": f"user{rng.integers(users)}", "candidates": candidates(rng, n_cands),
                                 "request_ts_ms": NOW}) for _ in range(n_requests)]
@@ -329,6 +330,9 @@ def main() -> None:
     ap.add_argument("--workers", default="2,4",
                     help="server processes in the load test, one run per value (one per core; two per core: the "
                          "kernel time-shares the cores instead of a request waiting for a whole other one)")
+    ap.add_argument("--load-history", type=int, default=LOAD_HISTORY,
+                    help="events per stored user in the load test (the served student counts up to its counter_len, "
+                         "4,096, and sees the newest 1,024 as tokens)")
     ap.add_argument("--quick", action="store_true", help="history 256,1024 x candidates 50,200; short load test")
     ap.add_argument("--load-only", action="store_true", help="only the load test (no grid, no per-candidate ratio)")
     a = ap.parse_args()
@@ -350,8 +354,8 @@ def main() -> None:
         print("## the machine's own tail (fixed single-threaded work)")
         jitter = machine_jitter()
         print("## load test (genrank serve on loopback, histories from the online store)")
-        model, scorer = for_history(students, LOAD_HISTORY)
-        loads = [load_test(model, scorer.path.parent, int(w), a.load_threads, users=2000, history=LOAD_HISTORY,
+        model, scorer = students[min(students)]  # the served student itself, whatever the stored histories' length
+        loads = [load_test(model, scorer.path.parent, int(w), a.load_threads, users=2000, history=a.load_history,
                            n_cands=LOAD_CANDIDATES, concurrency=a.concurrency, n_requests=a.load_requests)
                  for w in a.workers.split(",")]
     if grid:

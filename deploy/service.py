@@ -200,7 +200,7 @@ class StoreHandle:
             self.store.close()
             self.store = None
 
-    def history(self, user_id: str, hash_key: str) -> tuple[str, EventArrays | None]:
+    def history(self, user_id: str, hash_key: str, counter_len: int | None) -> tuple[str, EventArrays | None]:
         if self.store is None:
             raise HTTPException(503, f"the online store is unavailable: {self.error}")
         try:
@@ -210,6 +210,9 @@ class StoreHandle:
         if meta.hash_key != hash_key:
             raise HTTPException(503, f"the online store hashed ids with key {meta.hash_key!r}, the model with "
                                      f"{hash_key!r}: rebuild the store for this model")
+        if counter_len and meta.max_events < counter_len:  # the counters would count fewer events than in training
+            raise HTTPException(503, f"the online store keeps {meta.max_events} events per user, the model's counters "
+                                     f"count {counter_len}: rebuild the store with max_events >= {counter_len}")
         return meta.as_of, events
 
 
@@ -314,7 +317,8 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
         c = cur.config
         return {"name": cfg.model_name, "alias": cfg.alias, "version": cur.version, "run_id": cur.run_id,
                 "loaded_at": cur.loaded_at, "providers": cur.scorer.providers, "buckets": c.backbone.n_buckets,
-                "max_history_events": c.max_len, "delay_ms": c.mask.delay_ms, "worker_pid": os.getpid(),
+                "max_history_events": c.max_len, "counter_events": c.counter_len, "delay_ms": c.mask.delay_ms,
+                "worker_pid": os.getpid(),
                 "sequence_store": {"as_of": store.as_of, "users": store.users, "error": store.error},
                 "limits": {"max_candidates": cfg.max_candidates, "max_history": cfg.max_history,
                            "max_body_bytes": cfg.max_body_bytes},
@@ -345,7 +349,7 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
         if hist_cols is not None:
             hist, source = _inline_history(hist_cols, key), "inline"
         else:
-            as_of, hist = store.history(req.user_id, key)
+            as_of, hist = store.history(req.user_id, key, c.counter_len)
             if hist is None:
                 raise HTTPException(404, f"user {req.user_id!r} has no sequence in the store (as of {as_of}); "
                                          "send an inline history (history: [] scores a new user)")

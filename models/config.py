@@ -90,9 +90,9 @@ class TeacherConfig:
     rope: RoPEConfig = field(default_factory=RoPEConfig)
     mask: MaskConfig = field(default_factory=MaskConfig)
     max_len: int = 4096          # CADET: sequence length 4096 (configurable up to 20K, TM20K)
-    # ours: the targets' cross features count every event of the sample, not only the tokens that fit
-    # max_len (the teacher is never served, so nothing at serving has to count the same way)
-    counters_over_sample: bool = False
+    # ours: the targets' cross features count the sample's newest counter_len events (0: every one), not only
+    # the events whose tokens fit max_len; None: the kept tokens (ModelSizes.counter_events says why)
+    counter_len: int | None = None
 
 
 @dataclass
@@ -103,6 +103,10 @@ class StudentConfig:
     rope: RoPEConfig = field(default_factory=RoPEConfig)
     mask: MaskConfig = field(default_factory=MaskConfig)
     max_len: int = 4096            # history events kept (newest)
+    # ours: the candidates' cross features count the newest counter_len events of the user's log (0: every
+    # one), the online store's whole log, not only the max_len the graph sees; None: the history tokens' events
+    # (a checkpoint from before the field counts as it was trained). ModelSizes.counter_events says why.
+    counter_len: int | None = None
     litm: bool = True
     litm_T: int = 3                # TM20K: LITM max index gap T=3
     patm: bool = True
@@ -194,6 +198,11 @@ class ModelSizes:
     student_layers: int = 2
     n_heads: int = 2
     max_len: int = 1024           # the teacher's tokens and the student's events
+    # The user's log both models' cross features count (TeacherConfig / StudentConfig.counter_len) and the online
+    # store keeps: CADET's 4,096-event sequence. Counting over the student's 1,024 events instead cut the
+    # 30-day counters of heavy users (36 % of the demo world's test impressions) and cost an MLP on the counters
+    # 0.019 AUC there (benchmarks/RESULTS.md, "The counters"); a longer graph would cost serving latency.
+    counter_events: int = 4096
     item_buckets: int = 1 << 15
     # Passes: at most `epochs`; the newest day's latest `holdout` share of impressions picks how many (stop after
     # `patience` without a better AUC there, keep the best pass) and fits the served head's per-bucket
@@ -231,12 +240,12 @@ def _backbone(sizes: ModelSizes, n_layers: int) -> BackboneConfig:
 
 
 def teacher_config(sizes: ModelSizes) -> TeacherConfig:
-    return TeacherConfig(features=feature_config(sizes), max_len=sizes.max_len,
+    return TeacherConfig(features=feature_config(sizes), max_len=sizes.max_len, counter_len=sizes.counter_events,
                          backbone=_backbone(sizes, sizes.teacher_layers))
 
 
 def student_config(sizes: ModelSizes) -> StudentConfig:
-    return StudentConfig(features=feature_config(sizes), max_len=sizes.max_len,
+    return StudentConfig(features=feature_config(sizes), max_len=sizes.max_len, counter_len=sizes.counter_events,
                          backbone=_backbone(sizes, sizes.student_layers))
 
 

@@ -71,12 +71,11 @@ def tokenizer_for(kind: str, cfg):
     """Sample -> tokens for a TeacherConfig / StudentConfig, with max_tokens = the budget."""
     fc = cfg.features
     if kind == "teacher":
-        return lambda s, budget: teacher_tokens(s, fc, min(cfg.max_len, budget), cfg.mask.delay_ms,
-                                                cfg.counters_over_sample)
+        return lambda s, budget: teacher_tokens(s, fc, min(cfg.max_len, budget), cfg.mask.delay_ms, cfg.counter_len)
 
     def student(s: Sample, budget: int) -> StudentTokens:
         t = student_tokens(s, fc, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds, cfg.patm_factors,
-                           max_tokens=budget, delay_ms=cfg.mask.delay_ms)
+                           max_tokens=budget, delay_ms=cfg.mask.delay_ms, counter_len=cfg.counter_len)
         if not getattr(cfg, "use_history", True):
             t = without_history(t, getattr(cfg, "counters_without_history", False))
         if getattr(cfg, "position_input", False):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import DAY_MS, FeatureConfig
-from .samples import A_CLICK, A_NOCLICK
-from .tokens import F_ACTION, F_BRAND, F_CAT, F_ITEM, N_ACTIONS
+from .samples import A_CLICK, A_NOCLICK, Sample
+from .tokens import F_ACTION, F_BRAND, F_CAT, F_HOUR, F_ITEM, N_ACTIONS, N_FIELDS, TT_BEHAVIOR, action_feats, content_feats
 
 CROSS_MATCH_FIELDS = (None, F_ITEM, F_CAT, F_BRAND)  # None = any event (the user's activity per action)
 CROSS_ACTIONS = (1, 2, 3, 4, A_NOCLICK, A_CLICK)     # view, cart, fav, buy, impression without / with click
@@ -51,3 +51,12 @@ def cross_counts(ev_feats: np.ndarray, ev_ts: np.ndarray, q_feats: np.ndarray, q
         found = np.searchsorted(sorted_keys, base[:, :, None] + cuts[:, None, :], side="right")
         out[:, m] = np.where((qf > 0)[:, None, None], found[:, :, :1] - found[:, :, 1:], 0)
     return np.log1p(out).reshape(Q, n_cross_features(fc))
+
+
+def outcome_rows(s: Sample, fc: FeatureConfig, counter_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The newest ``counter_len`` events of ``s`` (0: every one) as the rows cross_counts counts, with their
+    times: one row per event with its ids and outcome, as a behaviour token or an impression's action token
+    carries them. The models' counter_len (ModelSizes.counter_events): the user's log the online store keeps,
+    longer than the history the graph sees."""
+    idx = np.arange(s.n_events)[-counter_len:] if counter_len else np.arange(s.n_events)
+    return content_feats(s, idx, TT_BEHAVIOR) + action_feats(s, idx, fc) * (np.arange(N_FIELDS) != F_HOUR), s.ts[idx]

@@ -11,7 +11,7 @@ import pyarrow as pa
 from ..config import FeatureConfig
 from .cross import cross_counts
 from .samples import READ_COLUMNS, SAMPLE_ARRAYS, Sample, encode_table, make_sample
-from .student_tokens import StudentTokens, student_tokens
+from .student_tokens import StudentTokens, counted_rows, student_tokens
 from .tokens import TT_CANDIDATE, Targets, content_feats
 
 def sample_from_frame(events: pd.DataFrame, fc: FeatureConfig, date: str = "") -> Sample:
@@ -31,11 +31,13 @@ def sample_from_frame(events: pd.DataFrame, fc: FeatureConfig, date: str = "") -
 def request_tokens(history: Sample, candidates: Sample, cfg) -> StudentTokens:
     """Serving: one request's student tokens. The history (every event of ``history``, targets or
     not) is cut to the newest max_len events and merged LITM -> PATM as at training time; every row
-    of ``candidates`` becomes a content-only candidate token at its own time (the request time)."""
+    of ``candidates`` becomes a content-only candidate token at its own time (the request time). The
+    cross features count the newest counter_len events of ``history`` (StudentConfig.counter_len)."""
     hist = replace(history, is_target=np.zeros(history.n_events, bool))
     h = student_tokens(hist, cfg.features, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds,
                        cfg.patm_factors, delay_ms=cfg.mask.delay_ms)
     idx = np.arange(candidates.n_events)
     cand_feats, cand_ts = content_feats(candidates, idx, TT_CANDIDATE), candidates.ts[idx]
-    cross = cross_counts(h.ev_feats, h.ev_ts, cand_feats, cand_ts - cfg.mask.delay_ms, cfg.features)
+    counted = counted_rows(hist, cfg.features, cfg.counter_len, h.ev_feats, h.ev_ts)
+    cross = cross_counts(*counted, cand_feats, cand_ts - cfg.mask.delay_ms, cfg.features)
     return replace(h, cand_feats=cand_feats, cand_ts=cand_ts, cand_cross=cross, targets=Targets.of(candidates, idx))

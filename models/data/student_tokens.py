@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from ..config import HOUR_MS, FeatureConfig
-from .cross import cross_counts
+from .cross import cross_counts, outcome_rows
 from .samples import Sample
 from .tokens import (F_HOUR, F_POS, F_TYPE, N_FIELDS, TT_BEHAVIOR, TT_CANDIDATE, TT_IMP_EVENT, Targets, action_feats,
                      content_feats, valid_targets)
@@ -87,10 +87,12 @@ class StudentTokens:
 
 def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True, litm_T: int = 3,
                    patm: bool = True, patm_bounds=(0.05, 0.25, 0.5, 1.0), patm_factors=(1, 2, 3, 4),
-                   max_tokens: int | None = None, delay_ms: int = HOUR_MS) -> StudentTokens:
+                   max_tokens: int | None = None, delay_ms: int = HOUR_MS,
+                   counter_len: int | None = None) -> StudentTokens:
     """History = the newest max_len events (content + outcome in one token), merged LITM -> PATM;
     candidates = the sample's target impressions (content only, never merged), with their cross features
-    counted over that history under the serving delay delay_ms."""
+    counted under the serving delay delay_ms over the newest counter_len events of the sample (0: every
+    one; None: the history tokens' events)."""
     tgt_idx = np.flatnonzero(valid_targets(s))
     hist = np.arange(s.n_events)[-max_len:] if max_len else np.arange(s.n_events)
     if max_tokens is not None and len(tgt_idx) > max_tokens:
@@ -113,9 +115,16 @@ def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True
     hts = np.full(G, np.iinfo(np.int64).min, np.int64)
     np.maximum.at(hts, g, s.ts[hist])
     cand_feats, cand_ts = content_feats(s, tgt_idx, TT_CANDIDATE), s.ts[tgt_idx]
+    cross = cross_counts(*counted_rows(s, fc, counter_len, feats, s.ts[hist]), cand_feats, cand_ts - delay_ms, fc)
     return StudentTokens(ev_feats=feats, ev_ts=s.ts[hist], ev_group=g, hist_ts=hts, cand_feats=cand_feats,
-                         cand_ts=cand_ts, cand_cross=cross_counts(feats, s.ts[hist], cand_feats, cand_ts - delay_ms, fc),
-                         targets=Targets.of(s, tgt_idx), n_events=len(hist))
+                         cand_ts=cand_ts, cand_cross=cross, targets=Targets.of(s, tgt_idx), n_events=len(hist))
+
+
+def counted_rows(s: Sample, fc: FeatureConfig, counter_len: int | None, ev_feats: np.ndarray,
+                 ev_ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What the candidates' cross features count (StudentConfig.counter_len): the history tokens' events
+    (``ev_feats``, ``ev_ts``) when counter_len is None, else the newest counter_len events of ``s``."""
+    return (ev_feats, ev_ts) if counter_len is None else outcome_rows(s, fc, counter_len)
 
 
 def without_history(t: StudentTokens, keep_counters: bool = False) -> StudentTokens:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import HOUR_MS, FeatureConfig
-from .cross import cross_counts
+from .cross import cross_counts, outcome_rows
 from .samples import Sample
 from .tokens import (F_HOUR, N_FIELDS, TT_BEHAVIOR, TT_IMP_ACTION, TT_IMP_CONTENT, Targets, action_feats,
                      content_feats, valid_targets)
@@ -33,11 +33,11 @@ class TeacherTokens:
 
 
 def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int, delay_ms: int = HOUR_MS,
-                   counters_over_sample: bool = False) -> TeacherTokens:
+                   counter_len: int | None = None) -> TeacherTokens:
     """Interleaved (content, action) tokens for impressions, one token per behavior, in time order.
     The oldest non-target events are dropped until the sequence fits max_tokens. delay_ms: the serving
-    delay the targets' cross features are counted under; they count the kept tokens' outcomes, or with
-    ``counters_over_sample`` every event of the sample, dropped ones included (TeacherConfig)."""
+    delay the targets' cross features are counted under; they count the kept tokens' outcomes, or with a
+    ``counter_len`` the sample's newest counter_len events (0: every one), dropped ones included (TeacherConfig)."""
     tgt = valid_targets(s)
     cost = np.where(s.is_imp, 2, 1)
     keep = np.ones(s.n_events, bool)
@@ -72,11 +72,7 @@ def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int, delay_ms: int 
     is_target = np.zeros(T, bool)
     tmask = tgt[ev]
     is_target[starts[tmask]] = True
-    if counters_over_sample:  # one outcome-bearing row per event, as the behaviour and action tokens carry
-        every = np.arange(s.n_events)
-        outcomes = content_feats(s, every, TT_BEHAVIOR) + action_feats(s, every, fc) * (np.arange(N_FIELDS) != F_HOUR)
-        cross = cross_counts(outcomes, s.ts, feats[is_target], ts[is_target] - delay_ms, fc)
-    else:
-        cross = cross_counts(feats, ts, feats[is_target], ts[is_target] - delay_ms, fc)
+    counted = (feats, ts) if counter_len is None else outcome_rows(s, fc, counter_len)
+    cross = cross_counts(*counted, feats[is_target], ts[is_target] - delay_ms, fc)
     return TeacherTokens(feats=feats, ts=ts, is_target=is_target, cross=cross, targets=Targets.of(s, ev[tmask]),
                          n_events=len(ev))

@@ -9,7 +9,7 @@ from pipelines.resources import GenrankPaths, OnlineStoreResource
 
 
 class OnlineStoreConfig(dg.Config):
-    max_events: int = DEMO_SIZES.max_len  # the served student's max_len: older events are cut anyway
+    max_events: int = DEMO_SIZES.counter_events  # the served student's counter_len: its counters count them all
     hash_key: str = FeatureConfig().hash_key     # the ids' hash key (the served student's FeatureConfig)
 
 

@@ -51,6 +51,7 @@ class ModelSizeConfig(dg.Config):
     student_layers: int = DEMO_SIZES.student_layers
     n_heads: int = DEMO_SIZES.n_heads
     max_len: int = DEMO_SIZES.max_len
+    counter_events: int = DEMO_SIZES.counter_events
     item_buckets: int = DEMO_SIZES.item_buckets
     epochs: int = DEMO_SIZES.epochs
     patience: int = DEMO_SIZES.patience

@@ -189,6 +189,14 @@ def test_a_missing_or_foreign_store_gets_a_503_that_says_why(home):
     with _client(home) as client:
         foreign = client.post("/v1/score", json=body)
     assert foreign.status_code == 503 and f"format version {FORMAT_VERSION + 1}" in foreign.text
+    writer = LmdbStore(home / "online_store", readonly=False)  # a store that keeps fewer events than the counters count
+    with writer._env.begin(write=True) as txn:
+        txn.put(LmdbStore.META, json.dumps({**meta, "max_events": 3}).encode())
+    writer.close()
+    with _client(home) as client:
+        counted = client.get("/v1/model").json()["counter_events"]
+        short = client.post("/v1/score", json=body)
+    assert counted > 3 and short.status_code == 503 and f"max_events >= {counted}" in short.text
 
 
 def test_a_store_removed_under_the_service_keeps_serving_the_one_it_opened(home):

@@ -79,21 +79,36 @@ def test_teacher_student_and_serving_count_the_same_events(samples_dir):
     assert checked > 20  # most targets have something to count
 
 
-def test_a_truncated_teacher_sequence_can_still_count_the_whole_sample(samples_dir):
-    """TeacherConfig.counters_over_sample: a sequence cut to a few tokens gives its targets the counters of the
-    whole sample (those of the uncut sequence), where the default counts only the tokens kept."""
+def test_counter_len_counts_the_log_beyond_what_the_tokens_keep(samples_dir):
+    """counter_len (ModelSizes.counter_events): a teacher cut to a few tokens, a student that sees a few events
+    and a serving request with the same stored log give their targets the counters of the uncut log; with
+    counter_len None they count only what their tokens keep, and a counter_len of k counts the newest k events."""
     fc = tiny_features()
-    cut_somewhere = False
+    cut_somewhere = checked = 0
     for s in iter_samples(samples_dir, fc):
         full = teacher_tokens(s, fc, 100_000, HOUR_MS)
         budget = 2 * int((s.is_target & s.is_imp & (s.label >= 0)).sum()) + 4
         kept = teacher_tokens(s, fc, budget, HOUR_MS)
-        whole = teacher_tokens(s, fc, budget, HOUR_MS, counters_over_sample=True)
+        whole = teacher_tokens(s, fc, budget, HOUR_MS, counter_len=0)
         np.testing.assert_array_equal(whole.feats, kept.feats)
         np.testing.assert_array_equal(whole.targets.impression_id, full.targets.impression_id)
         np.testing.assert_array_equal(whole.cross, full.cross)
-        cut_somewhere |= kept.n_events < s.n_events and not np.array_equal(kept.cross, full.cross)
-    assert cut_somewhere  # the budget did drop counted events somewhere
+        cut_somewhere += kept.n_events < s.n_events and not np.array_equal(kept.cross, full.cross)
+
+        short, long_ = tiny_student(max_len=3), tiny_student(max_len=3, counter_len=s.n_events)
+        window = student_tokens(s, fc, 3, delay_ms=HOUR_MS)
+        counted = student_tokens(s, fc, 3, delay_ms=HOUR_MS, counter_len=s.n_events)
+        np.testing.assert_array_equal(counted.ev_feats, window.ev_feats)
+        np.testing.assert_array_equal(counted.cand_cross, full.cross)
+        newest = student_tokens(s, fc, 3, delay_ms=HOUR_MS, counter_len=3)
+        np.testing.assert_array_equal(newest.cand_cross, window.cand_cross)
+        tgt = np.flatnonzero(s.is_target & s.is_imp & (s.label >= 0))
+        if len(tgt):
+            cands = dataclasses.replace(s, **{f: getattr(s, f)[tgt] for f in SAMPLE_ARRAYS})
+            np.testing.assert_array_equal(request_tokens(s, cands, long_).cand_cross, counted.cand_cross)
+            np.testing.assert_array_equal(request_tokens(s, cands, short).cand_cross, window.cand_cross)
+            checked += not np.array_equal(counted.cand_cross, window.cand_cross)
+    assert cut_somewhere and checked  # the token budget and the 3-event window did drop counted events somewhere
 
 
 def test_a_target_reads_its_own_cross_features_only(samples_dir):
