@@ -99,6 +99,8 @@ LEVERS = {
     "student_kd_lambda1": ("kd", lambda c: dataclasses.replace(c, kd_lambda=1.0), "student, KD lambda 1 instead of 50"),
     "student_kd_lambda5": ("kd", lambda c: dataclasses.replace(c, kd_lambda=5.0), "student, KD lambda 5 instead of 50"),
     "student_kd_t2": ("kd", lambda c: dataclasses.replace(c, kd_temperature=2.0), "student, KD temperature 2"),
+    # KD from a lever's teacher (the fourth element) instead of the default one
+    "student_kd_4k_teacher": ("kd", lambda c: c, "student, KD from the 4,096-token teacher", "teacher_4k_context"),
 }
 
 
@@ -576,6 +578,22 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
         probs[["impression_id", "p"]].to_parquet(probs_path, index=False)
         _report(world, "teacher", seed, results[key("teacher")], time.perf_counter() - t0)
         save()
+    def lever_teacher(v: str):
+        """A teacher lever's model; its probabilities on the training days are kept for a KD lever that names it."""
+        model, fit = fit_model("teacher", LEVERS[v][1](tcfg), None, world.train_days, world, sz, seed)
+        if any(LEVERS[k][3:] == (v,) for k in kd if k in LEVERS):
+            predict(model, world.samples(world.train_days))[["impression_id", "p"]].to_parquet(
+                workdir / f"{v}-probs-seed{seed}.parquet", index=False)
+        return model, fit
+
+    def kd_probs(v: str) -> Path:
+        if v not in LEVERS or len(LEVERS[v]) < 4:
+            return probs_path
+        path = workdir / f"{LEVERS[v][3]}-probs-seed{seed}.parquet"
+        if not path.exists():  # its teacher's row may be cached without its probabilities: train it again
+            lever_teacher(LEVERS[v][3])
+        return path
+
     oot_path = workdir / f"teacher-oot-probs-seed{seed}.parquet"
     if "student_kd_oot" in variants and key("student_kd_oot") not in results and not oot_path.exists():
         # as in the pipeline: KD targets from a teacher that never trained on them. A teacher on the first half
@@ -594,9 +612,9 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
             save()
             continue
         if v in LEVERS and LEVERS[v][0] == "teacher":
-            model, fit = fit_model("teacher", LEVERS[v][1](tcfg), None, world.train_days, world, sz, seed)
+            model, fit = lever_teacher(v)
         else:
-            probs = pd.read_parquet(oot_path if v == "student_kd_oot" else probs_path) if v in kd + ["student_kd_oot"] \
+            probs = pd.read_parquet(oot_path if v == "student_kd_oot" else kd_probs(v)) if v in kd + ["student_kd_oot"] \
                 else None
             model, fit = fit_model("student", student_variant(scfg, v), probs, world.train_days, world, sz, seed)
         results[key(v)] = {**_metrics(evaluate(model, evald)), **fit}
@@ -760,7 +778,7 @@ def derived(world: World, results: dict, seeds: list[int], variants: list[str]) 
     row("KD: student with KD - student without", "student_kd", "student", "TM20K: +0.07 % rel.", +1)
     row("KD from a teacher that did not train on those days - student (no KD)", "student_kd_oot", "student",
         "issue #18: the pipeline's KD targets are out of time", +1)
-    for v, (kind, _, label) in LEVERS.items():
+    for v, (kind, _, label, *_) in LEVERS.items():
         base = {"teacher": "teacher", "student": "student"}.get(kind, "student_kd")
         row(f"{label} - {LABELS[base]}", v, base, "issue #18 lever", +1)
         if kind == "kd":
