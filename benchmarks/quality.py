@@ -546,6 +546,8 @@ def fit_model(kind: str, cfg, probs, train_days: list[str], world: World, sz: Si
     from models import train_student, train_teacher
 
     tc, train = _train_cfg(sz, seed), world.samples(train_days)
+    if kind == "teacher":  # a batch's budget cuts every sample to it: a longer context needs batches that hold it
+        tc = dataclasses.replace(tc, token_budget=max(tc.token_budget, cfg.max_len))
     res = train_teacher(train, cfg, tc) if kind == "teacher" else train_student(train, probs, cfg, tc)
     th = res.throughput
     return res.model, {"best_epoch": res.best_epoch, "val_auc": max(res.val_curve, default=float("nan")),
