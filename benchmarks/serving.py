@@ -240,11 +240,14 @@ def _serve(home: Path, uri: str, workers: int, threads: int) -> tuple[subprocess
                              "--workers", str(workers)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             cwd=Path(__file__).resolve().parents[1])
     deadline = time.time() + 180
+    ready: set[int] = set()  # every worker has loaded the champion: one that has not yet answers 503
     while True:
         try:
-            status, _ = _post(port, "GET", "/healthz", None)
+            status, body = _post(port, "GET", "/v1/model", None)
             if status == 200:
-                return proc, port
+                ready.add(json.loads(body)["worker_pid"])
+                if len(ready) >= workers:
+                    return proc, port
         except OSError:
             pass
         if proc.poll() is not None or time.time() > deadline:
