@@ -60,3 +60,10 @@ def outcome_rows(s: Sample, fc: FeatureConfig, counter_len: int) -> tuple[np.nda
     longer than the history the graph sees."""
     idx = np.arange(s.n_events)[-counter_len:] if counter_len else np.arange(s.n_events)
     return content_feats(s, idx, TT_BEHAVIOR) + action_feats(s, idx, fc) * (np.arange(N_FIELDS) != F_HOUR), s.ts[idx]
+
+
+def counted_rows(s: Sample, fc: FeatureConfig, counter_len: int | None, kept_rows: np.ndarray,
+                 kept_ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What a model's cross features count (TeacherConfig / StudentConfig.counter_len): the rows its tokens keep
+    (``kept_rows``, ``kept_ts``) when counter_len is None, else the newest counter_len events of ``s``."""
+    return (kept_rows, kept_ts) if counter_len is None else outcome_rows(s, fc, counter_len)

@@ -9,9 +9,9 @@ import pandas as pd
 import pyarrow as pa
 
 from ..config import FeatureConfig
-from .cross import cross_counts
+from .cross import counted_rows, cross_counts
 from .samples import READ_COLUMNS, SAMPLE_ARRAYS, Sample, encode_table, make_sample
-from .student_tokens import StudentTokens, counted_rows, student_tokens
+from .student_tokens import StudentTokens, student_tokens
 from .tokens import TT_CANDIDATE, Targets, content_feats
 
 def sample_from_frame(events: pd.DataFrame, fc: FeatureConfig, date: str = "") -> Sample:

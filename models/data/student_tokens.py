@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from ..config import HOUR_MS, FeatureConfig
-from .cross import cross_counts, outcome_rows
+from .cross import counted_rows, cross_counts
 from .samples import Sample
 from .tokens import (F_HOUR, F_POS, F_TYPE, N_FIELDS, TT_BEHAVIOR, TT_CANDIDATE, TT_IMP_EVENT, Targets, action_feats,
                      content_feats, valid_targets)
@@ -118,13 +118,6 @@ def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True
     cross = cross_counts(*counted_rows(s, fc, counter_len, feats, s.ts[hist]), cand_feats, cand_ts - delay_ms, fc)
     return StudentTokens(ev_feats=feats, ev_ts=s.ts[hist], ev_group=g, hist_ts=hts, cand_feats=cand_feats,
                          cand_ts=cand_ts, cand_cross=cross, targets=Targets.of(s, tgt_idx), n_events=len(hist))
-
-
-def counted_rows(s: Sample, fc: FeatureConfig, counter_len: int | None, ev_feats: np.ndarray,
-                 ev_ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What the candidates' cross features count (StudentConfig.counter_len): the history tokens' events
-    (``ev_feats``, ``ev_ts``) when counter_len is None, else the newest counter_len events of ``s``."""
-    return (ev_feats, ev_ts) if counter_len is None else outcome_rows(s, fc, counter_len)
 
 
 def without_history(t: StudentTokens, keep_counters: bool = False) -> StudentTokens:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import HOUR_MS, FeatureConfig
-from .cross import cross_counts, outcome_rows
+from .cross import counted_rows, cross_counts
 from .samples import Sample
 from .tokens import (F_HOUR, N_FIELDS, TT_BEHAVIOR, TT_IMP_ACTION, TT_IMP_CONTENT, Targets, action_feats,
                      content_feats, valid_targets)
@@ -72,7 +72,6 @@ def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int, delay_ms: int 
     is_target = np.zeros(T, bool)
     tmask = tgt[ev]
     is_target[starts[tmask]] = True
-    counted = (feats, ts) if counter_len is None else outcome_rows(s, fc, counter_len)
-    cross = cross_counts(*counted, feats[is_target], ts[is_target] - delay_ms, fc)
+    cross = cross_counts(*counted_rows(s, fc, counter_len, feats, ts), feats[is_target], ts[is_target] - delay_ms, fc)
     return TeacherTokens(feats=feats, ts=ts, is_target=is_target, cross=cross, targets=Targets.of(s, ev[tmask]),
                          n_events=len(ev))
