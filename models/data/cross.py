@@ -6,7 +6,7 @@ import numpy as np
 
 from ..config import DAY_MS, FeatureConfig
 from .samples import A_CLICK, A_NOCLICK, Sample
-from .tokens import F_ACTION, F_BRAND, F_CAT, F_HOUR, F_ITEM, N_ACTIONS, N_FIELDS, TT_BEHAVIOR, action_feats, content_feats
+from .tokens import F_ACTION, F_BRAND, F_CAT, F_ITEM, N_ACTIONS, TT_BEHAVIOR, event_feats
 
 CROSS_MATCH_FIELDS = (None, F_ITEM, F_CAT, F_BRAND)  # None = any event (the user's activity per action)
 CROSS_ACTIONS = (1, 2, 3, 4, A_NOCLICK, A_CLICK)     # view, cart, fav, buy, impression without / with click
@@ -59,7 +59,7 @@ def outcome_rows(s: Sample, fc: FeatureConfig, counter_len: int) -> tuple[np.nda
     carries them. The models' counter_len (ModelSizes.counter_events): the user's log the online store keeps,
     longer than the history the graph sees."""
     idx = np.arange(s.n_events)[-counter_len:] if counter_len else np.arange(s.n_events)
-    return content_feats(s, idx, TT_BEHAVIOR) + action_feats(s, idx, fc) * (np.arange(N_FIELDS) != F_HOUR), s.ts[idx]
+    return event_feats(s, idx, TT_BEHAVIOR, fc), s.ts[idx]
 
 
 def counted_rows(s: Sample, fc: FeatureConfig, counter_len: int | None, kept_rows: np.ndarray,

@@ -13,8 +13,8 @@ import numpy as np
 from ..config import HOUR_MS, FeatureConfig
 from .cross import counted_rows, cross_counts
 from .samples import Sample
-from .tokens import (F_HOUR, F_POS, F_TYPE, N_FIELDS, TT_BEHAVIOR, TT_CANDIDATE, TT_IMP_EVENT, Targets, action_feats,
-                     content_feats, valid_targets)
+from .tokens import (F_POS, F_TYPE, TT_BEHAVIOR, TT_CANDIDATE, TT_IMP_EVENT, Targets, content_feats, event_feats,
+                     valid_targets)
 
 log = logging.getLogger("genrank.models.data")
 
@@ -99,9 +99,8 @@ def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True
         log.warning("user %s %s: %d targets exceed the token budget %d; keeping the newest", s.user_id, s.date,
                     len(tgt_idx), max_tokens)
         tgt_idx = tgt_idx[-max_tokens:]
-    feats = content_feats(s, hist, TT_BEHAVIOR)
+    feats = event_feats(s, hist, TT_BEHAVIOR, fc)
     feats[s.is_imp[hist], F_TYPE] = TT_IMP_EVENT
-    feats += action_feats(s, hist, fc) * (np.arange(N_FIELDS) != F_HOUR)
     g = litm_groups(s.item_key[hist], litm_T) if litm else np.arange(len(hist))
     G = int(g.max()) + 1 if len(g) else 0
     if patm:

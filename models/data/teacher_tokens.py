@@ -12,8 +12,8 @@ import numpy as np
 from ..config import HOUR_MS, FeatureConfig
 from .cross import counted_rows, cross_counts
 from .samples import Sample
-from .tokens import (F_HOUR, N_FIELDS, TT_BEHAVIOR, TT_IMP_ACTION, TT_IMP_CONTENT, Targets, action_feats,
-                     content_feats, valid_targets)
+from .tokens import (N_FIELDS, TT_BEHAVIOR, TT_IMP_ACTION, TT_IMP_CONTENT, Targets, content_feats, event_feats,
+                     valid_targets)
 
 log = logging.getLogger("genrank.models.data")
 
@@ -62,12 +62,12 @@ def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int, delay_ms: int 
     beh = ~imp
     # behaviors: content + action in one token
     bi = ev[beh]
-    feats[starts[beh]] = content_feats(s, bi, TT_BEHAVIOR) + action_feats(s, bi, fc) * (np.arange(N_FIELDS) != F_HOUR)
+    feats[starts[beh]] = event_feats(s, bi, TT_BEHAVIOR, fc)
     ii = ev[imp]
     feats[starts[imp]] = content_feats(s, ii, TT_IMP_CONTENT)
     # The action token carries its impression's ids too: both tokens of a pair share a timestamp, so under
     # time RoPE nothing but content could tie an outcome to its ad, and a 2-layer teacher learnt slowly.
-    feats[starts[imp] + 1] = content_feats(s, ii, TT_IMP_ACTION) + action_feats(s, ii, fc) * (np.arange(N_FIELDS) != F_HOUR)
+    feats[starts[imp] + 1] = event_feats(s, ii, TT_IMP_ACTION, fc)
     ts = np.repeat(s.ts[ev], n_tok)
     is_target = np.zeros(T, bool)
     tmask = tgt[ev]

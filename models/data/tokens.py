@@ -61,6 +61,12 @@ def action_feats(s: Sample, idx: np.ndarray, fc: FeatureConfig) -> np.ndarray:
     return f
 
 
+def event_feats(s: Sample, idx: np.ndarray, ttype: int, fc: FeatureConfig) -> np.ndarray:
+    """An event and its outcome in one row (a behaviour token, an impression's action token, a row the cross
+    features count): content ids plus the outcome part, the hour of day counted once."""
+    return content_feats(s, idx, ttype) + action_feats(s, idx, fc) * (np.arange(N_FIELDS) != F_HOUR)
+
+
 @dataclass
 class Targets:
     """Per target impression (concatenated over a batch)."""
