@@ -29,7 +29,8 @@ def ctr_card(version: str, tags: Mapping[str, str], day: str, reference_name: st
     """The card of a genrank-ctr version judged on ``day`` (the day after the one it was trained on)."""
     buckets = sorted({k.split("_")[0] for k in challenger if k.startswith("bucket") and k.endswith("_calibration")})
     rows = [("AUC", "auc"), ("GAUC (per user)", "gauc"), ("log-loss", "logloss")]
-    rows += [(f"{b} predicted/observed CTR", f"{b}_calibration") for b in buckets]
+    rows += [row for b in buckets for row in ((f"{b} predicted/observed CTR", f"{b}_calibration"),
+                                              (f"{b} its standard error (clustered by user)", f"{b}_calibration_se"))]
     lines = [
         f"### genrank-ctr v{version}: {decision} on {day}",
         "",

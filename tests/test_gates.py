@@ -3,7 +3,8 @@
 from deploy.gates import GateConfig, evaluate_gates
 
 CHAMPION = {"auc": 0.70, "logloss": 0.20, "ctr": 0.05, "bucket0_calibration": 1.0, "bucket0_n": 2000,
-            "bucket0_clicks": 100, "bucket1_calibration": 1.1, "bucket1_n": 1000, "bucket1_clicks": 30}
+            "bucket0_clicks": 100, "bucket0_calibration_se": 0.1, "bucket1_calibration": 1.1, "bucket1_n": 1000,
+            "bucket1_clicks": 30, "bucket1_calibration_se": 0.2}
 
 
 def _gates(challenger, reference=CHAMPION, name="champion v1", latency=5.0, cfg=GateConfig(), parity=1e-6,
@@ -31,18 +32,21 @@ def test_first_model_must_beat_the_baseline_auc_outright():
     assert _gates({**CHAMPION, "auc": 0.599}, baseline, "baseline", kind="champion")["auc"].passed
 
 
-def test_calibration_band_is_widened_by_the_buckets_sampling_noise_only():
-    # 100 clicks: two standard errors widen [0.75, 1.33] by 1.2 -> [0.625, 1.596]
-    assert _gates({**CHAMPION, "bucket0_calibration": 0.63})["calibration"].passed
-    assert not _gates({**CHAMPION, "bucket0_calibration": 0.62})["calibration"].passed
-    assert _gates({**CHAMPION, "bucket0_calibration": 1.59})["calibration"].passed
-    assert not _gates({**CHAMPION, "bucket0_calibration": 1.60})["calibration"].passed
-    # 10,000 clicks: the band is nearly the bare one
-    many = {**CHAMPION, "bucket0_clicks": 10_000}
-    assert not _gates({**many, "bucket0_calibration": 0.73})["calibration"].passed
-    assert _gates({**many, "bucket0_calibration": 0.75})["calibration"].passed
-    gate = _gates({**many, "bucket0_calibration": 1.4})["calibration"]
-    assert not gate.passed and "bucket 0: 1.4000" in gate.reason and "10000 clicks" in gate.reason
+def test_calibration_band_is_widened_by_two_user_clustered_standard_errors():
+    # se 0.1: [0.8, 1.25] -> [0.6, 1.45]
+    assert _gates({**CHAMPION, "bucket0_calibration": 0.61})["calibration"].passed
+    assert not _gates({**CHAMPION, "bucket0_calibration": 0.59})["calibration"].passed
+    assert _gates({**CHAMPION, "bucket0_calibration": 1.44})["calibration"].passed
+    assert not _gates({**CHAMPION, "bucket0_calibration": 1.46})["calibration"].passed
+    # the clicks alone do not narrow it: many clicks from a few heavy users are still a noisy day
+    assert _gates({**CHAMPION, "bucket0_clicks": 10_000, "bucket0_calibration": 1.44})["calibration"].passed
+    # production volume: the band is nearly the bare one
+    many = {**CHAMPION, "bucket0_clicks": 10_000, "bucket0_calibration_se": 0.005}
+    assert not _gates({**many, "bucket0_calibration": 0.78})["calibration"].passed
+    assert _gates({**many, "bucket0_calibration": 0.80})["calibration"].passed
+    gate = _gates({**many, "bucket0_calibration": 1.3})["calibration"]
+    assert not gate.passed and "bucket 0: 1.3000" in gate.reason and "10000 clicks" in gate.reason
+    assert "2 SE = 0.010" in gate.reason
 
 
 def test_calibration_judges_only_buckets_with_enough_clicks():
@@ -50,6 +54,8 @@ def test_calibration_judges_only_buckets_with_enough_clicks():
     assert _gates(skewed)["calibration"].passed  # 10 clicks: too few to judge
     gate = _gates({**skewed, "bucket1_clicks": 25})["calibration"]
     assert not gate.passed and "bucket 1: 3.0000" in gate.reason
+    # all the clicks from one user: no spread to measure the noise by, not judged
+    assert _gates({**skewed, "bucket1_clicks": 25, "bucket1_calibration_se": float("nan")})["calibration"].passed
 
 
 def test_latency_budget():

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.metrics import auc, calibration_by_bucket, effective_lengths, gauc, length_stats, log_loss, summarize_predictions
+from models.metrics import (auc, calibration_by_bucket, effective_lengths, gauc, length_stats, log_loss, ratio_se,
+                            summarize_predictions)
 
 
 def brute_auc(y, s):
@@ -43,11 +44,48 @@ def test_logloss_and_calibration():
     assert cal2.loc[0, "calibration"] == pytest.approx(2 / 3)
 
 
+def _clustered_day(rng, users=150):
+    """A day whose users differ in activity (log-normal, a long tail) and in CTR: one user's impressions
+    share a rate the model only partly knows."""
+    n = np.maximum(1, rng.lognormal(2.5, 1.1, users).astype(int))
+    rate = rng.beta(1.0, 12.0, users)
+    user = np.repeat(np.arange(users), n)
+    y = (rng.random(len(user)) < rate[user]).astype(float)
+    p = np.full(len(user), y.mean())  # a model that knows the day's rate, not the user's
+    return user, y, p
+
+
+def test_ratio_se_is_the_user_bootstrap_spread_and_exceeds_the_clicks_alone():
+    rng = np.random.default_rng(0)
+    user, y, p = _clustered_day(rng)
+    se = ratio_se(p, y, user)
+    users = np.unique(user)
+    idx = {u: np.flatnonzero(user == u) for u in users}
+    boot = []
+    for _ in range(600):
+        rows = np.concatenate([idx[u] for u in rng.choice(users, len(users))])
+        boot.append(p[rows].sum() / y[rows].sum())
+    assert se == pytest.approx(np.std(boot), rel=0.15)
+    assert se > 1.5 * (p.sum() / y.sum()) / np.sqrt(y.sum())  # the binomial error of the clicks understates it
+
+
+def test_ratio_se_shrinks_with_more_users_and_needs_clicks_from_two():
+    rng = np.random.default_rng(1)
+    user, y, p = _clustered_day(rng)
+    twice = ratio_se(np.r_[p, p], np.r_[y, y], np.r_[user, user + user.max() + 1])
+    assert twice == pytest.approx(ratio_se(p, y, user) / np.sqrt(2), rel=0.02)
+    assert np.isnan(ratio_se([0.1, 0.2], [0, 0], [1, 2]))   # no click
+    assert np.isnan(ratio_se([0.1, 0.2], [1, 0], [7, 7]))   # one user
+    cal = calibration_by_bucket(np.zeros(len(y)), y, p, user)
+    assert cal.loc[0, "calibration_se"] == pytest.approx(ratio_se(p, y, user))
+
+
 def test_summaries_and_lengths():
     df = pd.DataFrame({"user_id": ["a", "a", "b", "b"], "position_bucket": [0, 1, 0, 1],
                        "p": [0.9, 0.2, 0.7, 0.1], "label": [1, 0, 1, 0]})
     m = summarize_predictions(df)
     assert m["auc"] == 1.0 and m["gauc"] == 1.0 and m["bucket0_n"] == 2
+    assert m["bucket0_calibration_se"] == pytest.approx(ratio_se([0.9, 0.7], [1, 1], ["a", "b"]))
     st_ = length_stats(list(range(1, 11)))
     assert st_["avg"] == 5.5 and st_["p90"] == pytest.approx(9.1)
     assert effective_lengths([]) == {}
