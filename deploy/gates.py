@@ -87,24 +87,21 @@ def evaluate_gates(challenger: dict, reference: dict, reference_name: str, laten
     else:
         results = _quality_gates(challenger, reference, reference_name, reference_kind == "baseline", cfg)
     lo, hi = cfg.calibration_band
-    bad = []
-    judged = 0
+    bad, judged = [], []
     k = 0
     while f"bucket{k}_calibration" in challenger:
         ratio, se = challenger[f"bucket{k}_calibration"], challenger[f"bucket{k}_calibration_se"]
         clicks = challenger[f"bucket{k}_clicks"]
         if clicks >= cfg.calibration_min_clicks and math.isfinite(se):
-            judged += 1
             low, high = lo - 2.0 * se, hi + 2.0 * se
-            if not (low <= ratio <= high):
-                bad.append(f"bucket {k}: {_fmt(ratio)} (allowed [{low:.3f}, {high:.3f}]: 2 SE = {2 * se:.3f} at "
-                           f"{int(clicks)} clicks)")
+            said = f"bucket {k}: {_fmt(ratio)} (allowed [{low:.3f}, {high:.3f}]: 2 SE = {2 * se:.3f} at {int(clicks)} clicks)"
+            (judged if low <= ratio <= high else bad).append(said)
         k += 1
     if bad:
         reason = f"predicted/observed CTR outside [{lo}, {hi}] widened by 2 user-clustered SE in " + ", ".join(bad)
     elif judged:
-        reason = (f"{judged} bucket(s) with >= {cfg.calibration_min_clicks} clicks inside [{lo}, {hi}] widened by "
-                  "2 user-clustered SE")
+        reason = (f"inside [{lo}, {hi}] widened by 2 user-clustered SE, every bucket with >= "
+                  f"{cfg.calibration_min_clicks} clicks: " + ", ".join(judged))
     else:
         # Deferred, not failed: on a small or low-CTR day no bucket has the clicks to judge, and refusing
         # every challenger there would freeze the champion. The card and the gate's metadata say so.

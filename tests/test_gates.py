@@ -34,7 +34,8 @@ def test_first_model_must_beat_the_baseline_auc_outright():
 
 def test_calibration_band_is_widened_by_two_user_clustered_standard_errors():
     # se 0.1: [0.8, 1.25] -> [0.6, 1.45]
-    assert _gates({**CHAMPION, "bucket0_calibration": 0.61})["calibration"].passed
+    gate = _gates({**CHAMPION, "bucket0_calibration": 0.61})["calibration"]
+    assert gate.passed and "bucket 0: 0.6100 (allowed [0.600, 1.450]: 2 SE = 0.200 at 100 clicks)" in gate.reason
     assert not _gates({**CHAMPION, "bucket0_calibration": 0.59})["calibration"].passed
     assert _gates({**CHAMPION, "bucket0_calibration": 1.44})["calibration"].passed
     assert not _gates({**CHAMPION, "bucket0_calibration": 1.46})["calibration"].passed
