@@ -84,7 +84,7 @@ def main() -> None:
         for n in range(1, longest + 1):
             logs = np.concatenate([np.log(r["ratios"]) for r in pooled if r["n_days"] == n and r["version"] in common])
             print(f"newest {n} day(s): RMS log(pred / obs) on the next day {np.sqrt(np.mean(logs ** 2)):.3f} "
-                  f"over {len(logs)} bucket x version (v{', v'.join(sorted(common, key=int))})")
+                  f"over {len(logs)} bucket x version (v{', v'.join(sorted(map(str, common), key=int))})")
 
 
 def refitted(model, version: str, home: Path, trained: str, next_day: pd.DataFrame, n_days: int, slices: Path) -> list[dict]:
