@@ -184,6 +184,19 @@ def calibration_shifts(pred: pd.DataFrame, n_buckets: int, min_clicks: int = 10)
                      for k in range(n_buckets)])
 
 
+def calibrate(model: nn.Module, held_out_paths, device=None) -> np.ndarray:
+    """Fits the served head's per-bucket calibration on held-out samples (impressions the model never trained
+    on): the logit shifts that make its mean predicted CTR the observed CTR of each bucket there
+    (calibration_shifts). fit() calls it on its held-out slice; a caller with more such slices (the daily
+    student's earlier days, pipelines.assets.training) calls it again on all of them. Returns the shifts."""
+    head = served_head(model)
+    head.calibration.zero_()
+    pred = predict(model, held_out_paths, device=device, with_labels=True)
+    shifts = calibration_shifts(pred, head.calibration.numel())
+    head.calibration.copy_(torch.as_tensor(shifts))
+    return shifts
+
+
 def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teacher_probs=None, val_paths=None,
         ckpt_dir: str | None = None, resume: bool = True, base_rate_prior: bool = True) -> TrainResult:
     """Trains `model` (Teacher or Student) on the samples; see module doc. ``base_rate_prior``: start the
@@ -330,9 +343,7 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
                       val_curve=list(best["curve"]))
     res.throughput["peak_memory_bytes"] = peak_memory_bytes(device)
     if val_paths is not None:
-        head = served_head(core)
-        pred = predict(core, val_paths, device=device, with_labels=True)
-        head.calibration.copy_(torch.as_tensor(calibration_shifts(pred, head.calibration.numel())))
+        calibrate(core, val_paths, device=device)
         if rank == 0:
             res.val_metrics = evaluate(core, val_paths, token_budget=train.token_budget, device=device)
     return res

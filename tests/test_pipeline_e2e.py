@@ -56,6 +56,8 @@ def test_a_champion_exists_with_its_evidence(pipeline_run):
     assert champion is not None and champion.tags["partition"] == report.days[2]
     assert champion.tags["gate_decision"] == "approved"
     assert champion.tags["compared_with"] == "baseline"
+    # calibrated on the held-out slices of its day and the two before (StudentTrainingConfig.calibration_days)
+    assert champion.tags["calibration_window"] == f"{report.days[0]}..{report.days[2]}"
     for tag in ("teacher_version", "code_version", "data_window", "oot_auc", "oot_logloss", "latency_p99_ms",
                 "onnx_max_abs_diff"):
         assert tag in champion.tags

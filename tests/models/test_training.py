@@ -12,7 +12,7 @@ from models.masks import segment_cummax, seq_index
 from models.student import Student
 from models.teacher import Teacher
 from models.metrics import auc
-from models.train import (calibration_shifts, evaluate, load_model, predict, save_model, served_head, train_student,
+from models.train import (calibrate, calibration_shifts, evaluate, load_model, predict, save_model, served_head, train_student,
                           train_teacher)
 
 
@@ -147,6 +147,27 @@ def test_the_held_out_slice_picks_the_pass_and_the_best_weights_are_kept(samples
     served_head(res.model).calibration.zero_()                   # the kept weights score as the best pass did
     pred = predict(res.model, val_paths, with_labels=True)
     assert auc(pred["label"], pred["p"]) == pytest.approx(max(curve), abs=1e-4)
+
+
+def test_calibrate_refits_the_served_shift_on_any_held_out_slices(samples_dir, tmp_path):
+    """fit's calibration is calibrate() on its held-out slice; calibrate() on more slices (the daily student's
+    earlier days) makes the mean prediction the observed CTR of them all, per bucket."""
+    fit_paths, val_paths = time_holdout(samples_dir, 0.3, str(tmp_path / "newest"))
+    res = train_student(fit_paths, None, tiny_student(), _tc(token_budget=300, epochs=2), val_paths=val_paths)
+    fitted = served_head(res.model).calibration.numpy().copy()
+    assert np.abs(fitted).max() > 0
+    assert np.allclose(calibrate(res.model, val_paths), fitted, atol=1e-5)
+    older = sorted(list_sample_files(samples_dir))[-2]
+    slices = val_paths + time_holdout(older, 0.3, str(tmp_path / "older"))[1]
+    shifts = calibrate(res.model, slices)
+    assert np.allclose(served_head(res.model).calibration.numpy(), shifts)
+    pred = predict(res.model, slices, with_labels=True)
+    judged = 0
+    for k, g in pred.groupby("position_bucket"):
+        if g["label"].sum() >= 10:   # calibration_shifts' min_clicks: a bucket with fewer takes the pooled shift
+            assert g["p"].mean() == pytest.approx(g["label"].mean(), rel=1e-3)
+            judged += 1
+    assert judged
 
 
 def _relabelled(src: str, dst, ctr: float, seed: int = 0) -> str:
