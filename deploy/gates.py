@@ -22,10 +22,10 @@ class GateConfig:
     logloss_tolerance: float = 0.005   # challenger log-loss may exceed the champion's by this much
     # predicted / observed CTR per position bucket, widened by the day's own noise: a bucket passes within
     # [lo - 2 se, hi + 2 se], se the ratio's standard error clustered by user (models.metrics.ratio_se: one
-    # user's impressions are not independent, and a few heavy users make a small day's CTR). The band is what
-    # the daily students of the demo world held on their next day (0.88-1.19, cold first model 1.34, each
-    # within two clustered SEs of it; benchmarks/RESULTS.md "Calibration on the next day"); at production
-    # volume se vanishes and the band is the bare one.
+    # user's impressions are not independent, and a few heavy users make a small day's CTR: 5-19 % on the demo
+    # world's days). The band is what the daily students of two simulated worlds held on their next day
+    # (0.85-1.19 in bucket 0, each within two clustered SEs of [0.9, 1.1] but a cold first model; benchmarks/
+    # RESULTS.md "Calibration on the next day"); at production volume se vanishes and the band is the bare one.
     calibration_band: tuple[float, float] = (0.8, 1.25)
     calibration_min_clicks: int = 20   # a bucket with fewer clicks is too noisy to judge
     latency_budget_ms: float = 50.0    # p99 scoring time of one request (CADET: p99 < 50 ms)
