@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pydantic
+import pytest
 import torch
 
 from pipelines.assets import training
@@ -21,6 +23,15 @@ def test_the_run_configuration_defaults_to_the_demo_sizes_field_for_field():
     assert training.ModelSizeConfig().sizes() == DEMO_SIZES
     assert training.TeacherTrainingConfig().sizes() == DEMO_TEACHER_SIZES
     assert training.StudentTrainingConfig().sizes() == DEMO_STUDENT_SIZES
+
+
+def test_day_counts_of_a_window_are_at_least_one():
+    # a window of 0 days would slice days[-0:], i.e. every day
+    assert training.StudentTrainingConfig().calibration_days == 3 and training.TeacherTrainingConfig().window_days == 7
+    with pytest.raises(pydantic.ValidationError, match="greater than or equal to 1"):
+        training.StudentTrainingConfig(calibration_days=0)
+    with pytest.raises(pydantic.ValidationError, match="greater than or equal to 1"):
+        training.TeacherTrainingConfig(window_days=0)
 
 
 def test_the_demo_preset_is_what_the_pipeline_trains_and_serves():

@@ -26,6 +26,7 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 import pandas as pd
+from pydantic import Field
 
 from deploy import evaluation
 from deploy import registry as reg
@@ -102,7 +103,7 @@ def _model_card(kind: str, window: str, metrics: dict, extra: str = "") -> str:
 # ----------------------------------------------------------------------------------------- teacher
 
 class TeacherTrainingConfig(ModelSizeConfig):
-    window_days: int = 7   # trailing days of training samples (see teacher_model)
+    window_days: int = Field(default=7, ge=1)   # trailing days of training samples (see teacher_model)
     token_budget: int = DEMO_TEACHER_SIZES.token_budget
     force: bool = False    # retrain even if a teacher exists for the same data and code
     # Inside the daily run of day D: the first teacher once min_days days of samples precede D (one to
@@ -303,7 +304,7 @@ class StudentTrainingConfig(ModelSizeConfig):
     # error of 0.107 over the daily students of two simulated worlds, three days' 0.086 (demo 0.088 -> 0.096,
     # a 12-day seed-3 world 0.115 -> 0.080; two 0.095, four 0.099): benchmarks/RESULTS.md, "Calibration on the
     # next day".
-    calibration_days: int = 3
+    calibration_days: int = Field(default=3, ge=1)
     lr: float = DEMO_STUDENT_SIZES.lr
     force: bool = False          # register a new version even if one exists for this day, data and code
     shuffle_labels: bool = False  # deliberately broken candidate (tests the gates); never in production
