@@ -197,6 +197,15 @@ def calibrate(model: nn.Module, held_out_paths, device=None) -> np.ndarray:
     return shifts
 
 
+def calibrate_on_days(model: nn.Module, day_paths, holdout: float, work_dir: str, device=None) -> np.ndarray:
+    """calibrate() on the held-out slice of each day (data.time_holdout: the day's latest ``holdout`` share of
+    targets, written under ``work_dir``): the daily student's calibration window, in the pipeline and in
+    benchmarks/quality.py. Returns the shifts."""
+    held_out = [time_holdout([str(p)], holdout, os.path.join(work_dir, f"day-{i}"))[1][0]
+                for i, p in enumerate(day_paths)]
+    return calibrate(model, held_out, device=device)
+
+
 def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teacher_probs=None, val_paths=None,
         ckpt_dir: str | None = None, resume: bool = True, base_rate_prior: bool = True) -> TrainResult:
     """Trains `model` (Teacher or Student) on the samples; see module doc. ``base_rate_prior``: start the

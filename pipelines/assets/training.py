@@ -321,9 +321,8 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
                       "and the cached teacher probabilities; registered as genrank-ctr with alias 'challenger'.")
 def student_candidate(context: dg.AssetExecutionContext, config: StudentTrainingConfig, paths: GenrankPaths,
                       mlflow: MlflowResource) -> dg.MaterializeResult:
-    from models import calibrate, load_model
+    from models import calibrate_on_days, load_model
     from models.config import student_config
-    from models.data import time_holdout
     from models.distributed import train_student_procs
 
     day = context.partition_key
@@ -359,8 +358,8 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         result = train_student_procs(settings.train_procs(), str(train_samples), logits[["impression_id", "p"]],
                                      student_cfg, train_cfg, init_from=init, ckpt_dir=str(ckpt_dir))
         if train_cfg.holdout > 0:  # no held-out share: fit trains on everything, uncalibrated
-            calibrate(result.model, [time_holdout([str(_samples(paths, d))], train_cfg.holdout,
-                                                  str(tmp / "calibration" / d))[1][0] for d in calibration_days])
+            calibrate_on_days(result.model, [_samples(paths, d) for d in calibration_days], train_cfg.holdout,
+                              str(tmp / "calibration"))
         seconds = time.perf_counter() - started
         bundle = write_bundle(result.model, tmp / "serving")  # its parity is a gate of the next day's run
         tags = {"partition": day, "data_window": f"{day}..{day}", "teacher_version": teacher_version,

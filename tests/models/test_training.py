@@ -1,4 +1,6 @@
 """Data reading, overfitting, gradients, checkpoint/resume, prediction, distillation, leakage."""
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,8 +14,8 @@ from models.masks import segment_cummax, seq_index
 from models.student import Student
 from models.teacher import Teacher
 from models.metrics import auc
-from models.train import (calibrate, calibration_shifts, evaluate, load_model, predict, save_model, served_head, train_student,
-                          train_teacher)
+from models.train import (calibrate, calibrate_on_days, calibration_shifts, evaluate, load_model, predict, save_model,
+                          served_head, train_student, train_teacher)
 
 
 # ----------------------------------------------------------------------------- data
@@ -161,6 +163,8 @@ def test_calibrate_refits_the_served_shift_on_any_held_out_slices(samples_dir, t
     slices = val_paths + time_holdout(older, 0.3, str(tmp_path / "older"))[1]
     shifts = calibrate(res.model, slices)
     assert np.allclose(served_head(res.model).calibration.numpy(), shifts)
+    days = [str(Path(f).parent) for f in sorted(list_sample_files(samples_dir))[-2:]]
+    assert np.allclose(calibrate_on_days(res.model, days, 0.3, str(tmp_path / "by-day")), shifts, atol=1e-6)
     pred = predict(res.model, slices, with_labels=True)
     judged = 0
     for k, g in pred.groupby("position_bucket"):
