@@ -37,7 +37,8 @@ serving visibility, on the tested impressions); the per-bucket historical-CTR ba
 (transforms.sequences.bucket_ctr_baseline); a student that sees no user history (use_history=False);
 the teacher (CADET-style, full tokens); the student without and with KD (TM20K: main head on labels,
 distill head on CE + lambda x KD against the teacher's probabilities on the training days, from
-models.predict on the teacher); the KD and teacher levers of issue #18 (LEVERS); ablations of the student without KD: no cross features (MTGR's
+models.predict on the teacher); the student trained as the daily pipeline trains it (DAILY: warm-started
+day by day, KD from teachers on the pipeline's schedule that never trained on the day), with and without KD; the KD and teacher levers of issue #18 (LEVERS); ablations of the student without KD: no cross features (MTGR's
 target-side counters, FeatureConfig.cross_windows_days=()), no position heads (position
 as an input, the default slot at serving, one head), no delay mask in training, index RoPE instead
 of time RoPE, LITM / PATM / LPTM off. Results are kept in <world>/quality/results.json, so an
@@ -124,6 +125,8 @@ LABELS = {
     "student": "student, no KD",
     "student_kd": "student, KD",
     "student_kd_oot": "student, KD from a teacher that did not train on those days",
+    "student_daily": "student, the pipeline's daily chain, no KD",
+    "student_daily_kd": "student, the pipeline's daily chain with KD",
     **{k: v[2] for k, v in LEVERS.items()},
     "no_position_heads": "- no position heads (position input, default slot at serving, 1 head)",
     "no_train_delay": "- no delay mask in training",
@@ -437,7 +440,7 @@ def student_variant(base, name: str):
     from models import RoPEConfig
 
     r = dataclasses.replace
-    if name in ("student", "student_kd", "student_kd_oot"):
+    if name in ("student", "student_kd", "student_kd_oot", *DAILY):
         return base
     if name in LEVERS:
         return LEVERS[name][1](base)
@@ -564,6 +567,63 @@ def fit_model(kind: str, cfg, probs, train_days: list[str], world: World, sz: Si
                        "train_tokens_per_s": th["tokens_per_s"], "train_events_per_s": th["events_per_s"]}
 
 
+# The pipeline's daily protocol (pipelines/assets/training.py), which the rows above do not follow: a teacher
+# retrained on `genrank demo`'s cadence over the days before it serves (teacher_due, TeacherTrainingConfig), its
+# probabilities cached for each day it serves; from the first such day, the student of day D warm-starts from
+# D-1's and trains on D alone (at most StudentTrainingConfig.warm_epochs passes, the first day cold), with the
+# cached probabilities as KD targets or without them, and is calibrated on the held-out slices of the newest
+# StudentTrainingConfig.calibration_days days. The two chains train on the same days.
+DAILY = ("student_daily", "student_daily_kd")
+DAILY_TEACHER_EVERY_DAYS = 3   # `genrank demo --teacher-every-days` (the compressed weekly cadence)
+
+
+def daily_teacher_probs(world: World, tcfg, sz: Sizes, seed: int):
+    """The teacher probabilities the daily pipeline caches for each training day (days before the first
+    teacher get none), and the teachers' windows."""
+    import pandas as pd
+
+    from models import predict
+    from pipelines.assets.training import TeacherTrainingConfig, teacher_due
+
+    tt, window, teacher, probs, windows = TeacherTrainingConfig(), None, None, [], []
+    for day in world.train_days:
+        before = [d for d in world.train_days if d < day]
+        if teacher_due(day, before, window, DAILY_TEACHER_EVERY_DAYS, tt.min_days)[0]:
+            days = before[-tt.window_days:]
+            teacher, _ = fit_model("teacher", tcfg, None, days, world, sz, seed)
+            window = f"{days[0]}..{days[-1]}"
+            windows.append(window)
+        if teacher is not None:
+            probs.append(predict(teacher, world.samples([day]))[["impression_id", "p"]].assign(day=day))
+    return pd.concat(probs, ignore_index=True), windows
+
+
+def daily_student(world: World, scfg, sz: Sizes, seed: int, probs, chain_days: list[str]):
+    """The daily student chain over ``chain_days`` (KD targets ``probs`` or None); returns (model, a summary)."""
+    import tempfile
+
+    from models import calibrate_on_days, train_student
+    from pipelines.assets.training import StudentTrainingConfig
+
+    st, tc = StudentTrainingConfig(), _train_cfg(sz, seed)
+    model, seconds, steps, passes = None, 0.0, 0, []
+    for day in chain_days:
+        res = train_student(world.samples([day]), probs, scfg,
+                            dataclasses.replace(tc, epochs=st.warm_epochs if model is not None else tc.epochs),
+                            init_from=model)
+        model, seconds, steps = res.model, seconds + res.throughput["seconds"], steps + res.step
+        passes.append(res.best_epoch)
+    # fit zeroes the calibration before training, so only the last day's fit needs the window's
+    with tempfile.TemporaryDirectory(prefix="genrank-quality-cal-") as tmp:
+        days = [d for d in world.train_days if d <= chain_days[-1]][-st.calibration_days:]
+        calibrate_on_days(model, world.samples(days), tc.holdout, tmp)
+    return model, {"best_epoch": res.best_epoch, "val_auc": max(res.val_curve, default=float("nan")),
+                   "val_curve": res.val_curve, "train_seconds": seconds, "train_steps": steps,
+                   "train_tokens_per_s": res.throughput["tokens_per_s"],
+                   "train_events_per_s": res.throughput["events_per_s"], "chain": chain_days,
+                   "passes_by_day": passes}
+
+
 def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: dict, save) -> None:
     """Trains and evaluates every model of one seed (skipping those already in results)."""
     import pandas as pd
@@ -612,6 +672,11 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
         half = len(world.train_days) // 2
         model, _ = fit_model("teacher", tcfg, None, world.train_days[:half], world, sz, seed)
         predict(model, world.samples(world.train_days[half:]))[["impression_id", "p"]].to_parquet(oot_path, index=False)
+    daily_path = workdir / f"daily-teacher-probs-seed{seed}.parquet"
+    if any(v in DAILY and key(v) not in results for v in variants) and not daily_path.exists():
+        daily, windows = daily_teacher_probs(world, tcfg, sz, seed)
+        daily.to_parquet(daily_path, index=False)
+        print(f"  [{world.name}] seed {seed} daily teachers {', '.join(windows)}", flush=True)
     for v in variants:
         if v == "teacher" or key(v) in results:
             continue
@@ -624,6 +689,11 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
             continue
         if v in LEVERS and LEVERS[v][0] == "teacher":
             model, fit = lever_teacher(v)
+        elif v in DAILY:
+            daily = pd.read_parquet(daily_path)
+            chain = [d for d in world.train_days if d in set(daily["day"])]
+            model, fit = daily_student(world, scfg, sz, seed, daily[["impression_id", "p"]] if v == "student_daily_kd"
+                                       else None, chain)
         else:
             probs = pd.read_parquet(oot_path if v == "student_kd_oot" else kd_probs(v)) if v in kd + ["student_kd_oot"] \
                 else None
@@ -794,6 +864,10 @@ def derived(world: World, results: dict, seeds: list[int], variants: list[str]) 
     row("KD: student with KD - student without", "student_kd", "student", "TM20K: +0.07 % rel.", +1)
     row("KD from a teacher that did not train on those days - student (no KD)", "student_kd_oot", "student",
         "issue #18: the pipeline's KD targets are out of time", +1)
+    row("the pipeline's daily chain with KD - the same chain without", "student_daily_kd", "student_daily",
+        "issue #18: KD that pays, in the pipeline's own protocol", +1)
+    row("the pipeline's daily chain, no KD - student (no KD, every day at once)", "student_daily", "student",
+        "issue #18: what warm-started days cost", +1)
     for v, (kind, _, label, *_) in LEVERS.items():
         base = {"teacher": "teacher", "student": "student"}.get(kind, "student_kd")
         row(f"{label} - {LABELS[base]}", v, base, "issue #18 lever", +1)
@@ -809,9 +883,13 @@ def derived(world: World, results: dict, seeds: list[int], variants: list[str]) 
     if rows:
         out += ["| paired difference (per seed, then mean ± sd) | AUC | AUC rel. | GAUC | seed paper | here |",
                 "|---|---|---|---|---|---|", *rows, ""]
+    pct = lambda xs: ", ".join("-" if math.isnan(x) else f"{100 * x:.0f} %" for x in xs)  # noqa: E731
+    if all(v in variants for v in ("teacher", "no_history", *DAILY)):
+        kd, nokd = _share(results, world, seeds, "student_daily_kd"), _share(results, world, seeds, "student_daily")
+        out += [f"The same share for the pipeline's daily chain: with KD {pct(kd)} (mean {100 * _mean_sd(kd)[0]:.0f} %), "
+                f"without KD {pct(nokd)} (mean {100 * _mean_sd(nokd)[0]:.0f} %).", ""]
     if all(v in variants for v in ("teacher", "student", "student_kd", "no_history")):
         kd, nokd = _share(results, world, seeds, "student_kd"), _share(results, world, seeds, "student")
-        pct = lambda xs: ", ".join("-" if math.isnan(x) else f"{100 * x:.0f} %" for x in xs)  # noqa: E731
         gain = _paired(results, world, "teacher", "no_history", seeds)
         if any(g <= 0 for g in gain):
             out += [f"The teacher does not beat the no-history student on every seed (teacher - no-history: "
@@ -877,7 +955,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     started = time.perf_counter()
     seeds = list(range(n_seeds))
-    variants = [*GBDT, "no_history", "counters_no_history", "teacher", "student", "student_kd", "student_kd_oot", *LEVERS,
+    variants = [*GBDT, "no_history", "counters_no_history", "teacher", "student", "student_kd", "student_kd_oot", *DAILY,
+                *LEVERS,
                 "no_cross_features", *ABLATIONS]
     if a.only:
         unknown = set(a.only.split(",")) - set(variants)

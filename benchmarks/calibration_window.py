@@ -1,0 +1,63 @@
+"""How many days' held-out slices the daily student's calibration should be fitted on, per world (issue #18
+item 6): the pipeline's daily chain (benchmarks/quality.py DAILY, no KD, one training seed) calibrated on the
+held-out slices of its newest 1..N days (models.calibrate_on_days, as pipelines/assets/training.py does with
+StudentTrainingConfig.calibration_days), each scored on the next day.
+
+    .venv/bin/python benchmarks/calibration_window.py --home /tmp/gq-demo --world demo
+    .venv/bin/python benchmarks/calibration_window.py --home /tmp/gq-history-heavy --world history-heavy
+
+Needs a world quality.py has built and a run of its daily variants (for the chain's days); prints, per window,
+the next day's AUC and predicted / observed CTR per bucket with its standard error clustered by user, and the
+RMS of log(pred / obs) over the buckets.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+# benchmarks/quality.py by its path: the name `quality` is the repository's data-quality package
+_spec = importlib.util.spec_from_file_location("quality_report", Path(__file__).resolve().parent / "quality.py")
+quality = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = quality   # its dataclasses look their module up by name
+_spec.loader.exec_module(quality)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--home", required=True, help="quality.py's --home for the world")
+    ap.add_argument("--world", required=True, choices=sorted(quality.WORLDS))
+    ap.add_argument("--days", type=int, default=4, help="the longest window")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+
+    import pandas as pd
+    import torch
+
+    from models import calibrate_on_days, evaluate
+
+    torch.set_num_threads(1)
+    world = quality.prepare_simulated(Path(a.home) / a.world, a.world, quality.WORLDS[a.world], None, 1)
+    sz = quality.Sizes()
+    _, scfg = quality._configs(sz)
+    served = pd.read_parquet(Path(a.home) / a.world / "quality" / f"daily-teacher-probs-seed{a.seed}.parquet")
+    chain = [d for d in world.train_days if d in set(served["day"])]
+    model, _ = quality.daily_student(world, scfg, sz, a.seed, None, chain)
+    print("| world | chain | calibrated on | next-day AUC | pred / obs bucket 0 | bucket 1 | RMS log |\n|---|---|---|---|---|---|---|")
+    for n in range(1, a.days + 1):
+        days = [d for d in world.train_days if d <= chain[-1]][-n:]
+        with tempfile.TemporaryDirectory() as tmp:
+            calibrate_on_days(model, world.samples(days), sz.holdout, tmp)
+        m = evaluate(model, world.samples(world.eval_days))
+        ratios = [m[f"bucket{k}_calibration"] for k in (0, 1)]
+        print(f"| {a.world} | {chain[0]}..{chain[-1]} | {days[0]}..{days[-1]} | {m['auc']:.4f} | "
+              f"{ratios[0]:.3f} ± {m['bucket0_calibration_se']:.3f} | {ratios[1]:.3f} ± {m['bucket1_calibration_se']:.3f} | "
+              f"{np.sqrt(np.mean(np.log(ratios) ** 2)):.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
