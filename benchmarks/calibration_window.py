@@ -6,9 +6,10 @@ StudentTrainingConfig.calibration_days), each scored on the next day.
     .venv/bin/python benchmarks/calibration_window.py --home /tmp/gq-demo --world demo
     .venv/bin/python benchmarks/calibration_window.py --home /tmp/gq-history-heavy --world history-heavy
 
-Needs a world quality.py has built and a run of its daily variants (for the chain's days); prints, per window,
-the next day's AUC and predicted / observed CTR per bucket with its standard error clustered by user, and the
-RMS of log(pred / obs) over the buckets.
+Needs a world quality.py has built and a run of its daily variants (for the chain's days); prints the
+uncalibrated model's predicted / observed CTR per bucket on each day's held-out slice and on the next day (what
+each slice pulls the shift towards), then, per window, the next day's AUC and predicted / observed CTR per
+bucket with its standard error clustered by user, and the RMS of log(pred / obs) over the buckets.
 """
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def main() -> None:
     import pandas as pd
     import torch
 
-    from models import calibrate_on_days, evaluate
+    from models import calibrate_on_days, evaluate, predict
+    from models.data import time_holdout
+    from models.train import served_head
 
     torch.set_num_threads(1)
     world = quality.prepare_simulated(Path(a.home) / a.world, a.world, quality.WORLDS[a.world], None, 1)
@@ -47,6 +50,19 @@ def main() -> None:
     served = pd.read_parquet(Path(a.home) / a.world / "quality" / f"daily-teacher-probs-seed{a.seed}.parquet")
     chain = [d for d in world.train_days if d in set(served["day"])]
     model, _ = quality.daily_student(world, scfg, sz, a.seed, None, chain)
+    # what each slice would pull the shift towards: the uncalibrated model's ratio on it, and on the next day
+    served_head(model).calibration.zero_()
+    print("| world | uncalibrated on | pred / obs bucket 0 | bucket 1 |\n|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for day in [d for d in world.train_days if d <= chain[-1]][-a.days:] + world.eval_days:
+            paths = world.samples([day])
+            if day not in world.eval_days:
+                paths = time_holdout(paths, sz.holdout, f"{tmp}/{day}")[1]
+            p = predict(model, paths, with_labels=True)
+            r = p.groupby("position_bucket")["p"].mean() / p.groupby("position_bucket")["label"].mean()
+            what = "the next day" if day in world.eval_days else "held-out slice"
+            print(f"| {a.world} | {day}, {what} | {r.get(0, float('nan')):.3f} | {r.get(1, float('nan')):.3f} |")
+    print()
     print("| world | chain | calibrated on | next-day AUC | pred / obs bucket 0 | bucket 1 | RMS log |\n|---|---|---|---|---|---|---|")
     for n in range(1, a.days + 1):
         days = [d for d in world.train_days if d <= chain[-1]][-n:]
