@@ -36,7 +36,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
 
-    import pandas as pd
     import torch
 
     from models import calibrate_on_days, evaluate, predict
@@ -47,8 +46,7 @@ def main() -> None:
     world = quality.prepare_simulated(Path(a.home) / a.world, a.world, quality.WORLDS[a.world], None, 1)
     sz = quality.Sizes()
     _, scfg = quality._configs(sz)
-    served = pd.read_parquet(Path(a.home) / a.world / "quality" / f"daily-teacher-probs-seed{a.seed}.parquet")
-    chain = [d for d in world.train_days if d in set(served["day"])]
+    _, chain = quality.daily_chain(world, a.seed)
     model, _ = quality.daily_student(world, scfg, sz, a.seed, None, chain)
     # what each slice would pull the shift towards: the uncalibrated model's ratio on it, and on the next day
     served_head(model).calibration.zero_()

@@ -38,7 +38,8 @@ serving visibility, on the tested impressions); the per-bucket historical-CTR ba
 the teacher (CADET-style, full tokens); the student without and with KD (TM20K: main head on labels,
 distill head on CE + lambda x KD against the teacher's probabilities on the training days, from
 models.predict on the teacher); the student trained as the daily pipeline trains it (DAILY: warm-started
-day by day, KD from teachers on the pipeline's schedule that never trained on the day), with and without KD; the KD and teacher levers of issue #18 (LEVERS); ablations of the student without KD: no cross features (MTGR's
+day by day, KD from teachers on the pipeline's schedule that never trained on the day), with and without KD;
+the KD and teacher levers of issue #18 (LEVERS); ablations of the student without KD: no cross features (MTGR's
 target-side counters, FeatureConfig.cross_windows_days=()), no position heads (position
 as an input, the default slot at serving, one head), no delay mask in training, index RoPE instead
 of time RoPE, LITM / PATM / LPTM off. Results are kept in <world>/quality/results.json, so an
@@ -598,6 +599,19 @@ def daily_teacher_probs(world: World, tcfg, sz: Sizes, seed: int):
     return pd.concat(probs, ignore_index=True), windows
 
 
+def daily_probs_path(world: World, seed: int) -> Path:
+    return world.home / "quality" / f"daily-teacher-probs-seed{seed}.parquet"
+
+
+def daily_chain(world: World, seed: int):
+    """The daily teachers' cached probabilities of one seed (daily_teacher_probs, kept by run_seed) and the
+    chain's days: those a teacher served."""
+    import pandas as pd
+
+    probs = pd.read_parquet(daily_probs_path(world, seed))
+    return probs[["impression_id", "p"]], [d for d in world.train_days if d in set(probs["day"])]
+
+
 def daily_student(world: World, scfg, sz: Sizes, seed: int, probs, chain_days: list[str]):
     """The daily student chain over ``chain_days`` (KD targets ``probs`` or None); returns (model, a summary)."""
     import tempfile
@@ -672,10 +686,9 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
         half = len(world.train_days) // 2
         model, _ = fit_model("teacher", tcfg, None, world.train_days[:half], world, sz, seed)
         predict(model, world.samples(world.train_days[half:]))[["impression_id", "p"]].to_parquet(oot_path, index=False)
-    daily_path = workdir / f"daily-teacher-probs-seed{seed}.parquet"
-    if any(v in DAILY and key(v) not in results for v in variants) and not daily_path.exists():
+    if any(v in DAILY and key(v) not in results for v in variants) and not daily_probs_path(world, seed).exists():
         daily, windows = daily_teacher_probs(world, tcfg, sz, seed)
-        daily.to_parquet(daily_path, index=False)
+        daily.to_parquet(daily_probs_path(world, seed), index=False)
         print(f"  [{world.name}] seed {seed} daily teachers {', '.join(windows)}", flush=True)
     for v in variants:
         if v == "teacher" or key(v) in results:
@@ -690,10 +703,8 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
         if v in LEVERS and LEVERS[v][0] == "teacher":
             model, fit = lever_teacher(v)
         elif v in DAILY:
-            daily = pd.read_parquet(daily_path)
-            chain = [d for d in world.train_days if d in set(daily["day"])]
-            model, fit = daily_student(world, scfg, sz, seed, daily[["impression_id", "p"]] if v == "student_daily_kd"
-                                       else None, chain)
+            daily, chain = daily_chain(world, seed)
+            model, fit = daily_student(world, scfg, sz, seed, daily if v == "student_daily_kd" else None, chain)
         else:
             probs = pd.read_parquet(oot_path if v == "student_kd_oot" else kd_probs(v)) if v in kd + ["student_kd_oot"] \
                 else None
