@@ -197,9 +197,9 @@ def _build_samples_child(home: Path) -> int:
     from pipelines.partitions import daily_partitions
 
     selection = dg.AssetSelection.groups("ingest", "sequences") - dg.AssetSelection.assets("raw_logs")
-    jobs = [dg.define_asset_job("quality_samples_job", selection=selection, partitions_def=daily_partitions),
+    jobs = [dg.define_asset_job("quality_samples_job", selection=selection, partitions_def=daily_partitions()),
             dg.define_asset_job("quality_sequences_job", selection=dg.AssetSelection.groups("sequences"),
-                                partitions_def=daily_partitions)]
+                                partitions_def=daily_partitions())]
     resolved = dg.Definitions(assets=list(defs.assets), asset_checks=list(defs.asset_checks or []), jobs=jobs,
                               resources=defs.resources)
     samples_job, sequences_job = (resolved.resolve_job_def(j.name) for j in jobs)

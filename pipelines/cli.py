@@ -88,9 +88,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from pipelines.console import RunConsole
     from pipelines.status import status
 
-    report, code = status(Path(args.home).resolve())
+    home = Path(args.home).resolve()
+    # MLflow and alembic log at INFO when they open a new registry: to logs/status.log, as `genrank run` does
+    # (a folder without a landing zone gets its one line and no logs folder)
+    with RunConsole(home, log_name="status.log") if (home / "landing").is_dir() else contextlib.nullcontext():
+        report, code = status(home)
     print(report)
     return code
 

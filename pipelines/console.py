@@ -20,10 +20,13 @@ from pathlib import Path
 
 
 class RunConsole:
-    def __init__(self, home: Path, verbose: bool = False):
+    def __init__(self, home: Path, verbose: bool = False, log_name: str | None = None):
+        """``log_name``: the file under $GENRANK_HOME/logs/ the libraries write to, appended to (default a
+        new ``run-<timestamp>.log``, announced on the first line; a named log is not announced)."""
         self.verbose = verbose
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        self.log_path = Path(home) / "logs" / f"run-{stamp}.log"
+        self.log_path = Path(home) / "logs" / (log_name or f"run-{stamp}.log")
+        self._announce = log_name is None
         self._saved: list[int] = []
         self._out = sys.stdout
         self._live = threading.Event()
@@ -42,7 +45,8 @@ class RunConsole:
             os.close(log_fd)
             logging.captureWarnings(True)
             warnings.simplefilter("default")
-        self.print(f"Logs of dbt, Spark, MLflow and Dagster: {self.log_path}" + ("" if not self.verbose else " (and here: -v)"))
+        if self._announce:
+            self.print(f"Logs of dbt, Spark, MLflow and Dagster: {self.log_path}" + ("" if not self.verbose else " (and here: -v)"))
         return self
 
     def __exit__(self, *exc) -> None:

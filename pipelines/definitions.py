@@ -2,6 +2,12 @@
 
 import dagster as dg
 
+from pipelines import partitions, settings
+
+# The partition set is decided here, when the code location loads, and pinned in the environment so that
+# the sensor's planning and every process this one starts see the same set (pipelines/partitions.py).
+partitions.pin_start_date(settings.genrank_home())
+
 from pipelines.assets import events, sequences, serving, training
 from pipelines.assets.raw_logs import raw_logs
 from pipelines.jobs import daily_job, daily_schedule, teacher_job

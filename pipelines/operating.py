@@ -108,7 +108,7 @@ def next_run(context: dg.SensorEvaluationContext | dg.ScheduleEvaluationContext,
              log) -> dg.RunRequest | dg.SkipReason:
     """The planner's decision as a run request, or the reason nothing runs (shared by sensor and schedule)."""
     now = dt.datetime.now(dt.timezone.utc)
-    keys = set(daily_partitions.get_partition_keys(current_time=now))
+    keys = set(daily_partitions().get_partition_keys(current_time=now))
     plan = plan_next_day(context.instance, paths.root, now, settings.late_grace_hours(), keys)
     for problem in plan.problems:
         log.warning(problem)

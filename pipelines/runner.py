@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines import settings
+from pipelines import partitions, settings
 from pipelines.console import RunConsole
 from pipelines.operating import only_gates_failed
 from pipelines.report import write_run_report
@@ -61,14 +61,14 @@ def local_dagster_home(home: Path) -> Path:
 
 
 def prepare_code_location(home: Path) -> None:
-    """What the code location needs before it loads, prepared by the command so that loading it scans
-    no landing zone and runs no subprocess: GENRANK_START_DATE pinned to the first complete landing day
-    when unset, and dbt's manifest parsed when missing or stale."""
+    """What the code location needs before it loads, prepared by the command so that every process it starts
+    agrees: GENRANK_START_DATE pinned (pipelines.partitions.pin_start_date), the landed days checked against
+    the partition set that pins (a one-line ValueError, before anything is written), and dbt's manifest
+    parsed when missing or stale."""
     from transforms.sequences import ensure_manifest
 
-    days = landing.complete_days(home)
-    if days and not os.environ.get("GENRANK_START_DATE"):
-        os.environ["GENRANK_START_DATE"] = days[0]
+    partitions.pin_start_date(home)
+    partitions.check_days_in_partitions(landing.complete_days(home))
     ensure_manifest()
 
 
@@ -138,14 +138,18 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
     if not days:
         raise ValueError(f"no complete landing day under {home / 'landing'} in [{start or '-'}, {end or '-'}]: "
                          "run `genrank simulate` or `genrank import` first")
+    partitions.pin_start_date(home)
+    partitions.check_days_in_partitions(days)
     with RunConsole(home, verbose) as console:
-        instance = prepare_instance(home)
         prepare_code_location(home)
         from pipelines.definitions import defs
 
+        daily = defs.resolve_job_def("daily_job")
+        # a process that loaded the code location for another data root earlier keeps that partition set
+        partitions.check_days_in_partitions(days, daily.partitions_def)
+        instance = prepare_instance(home)
         run_config = {"loggers": {"console": {"config": {"log_level": "INFO" if verbose else "WARNING"}}},
                       "ops": {"teacher_model": {"config": {"every_days": teacher_every_days}}}}
-        daily = defs.resolve_job_def("daily_job")
         oracle = _oracle_auc_by_day(home)
         results = []
         from dagster._core.utils import make_new_run_id
@@ -170,7 +174,7 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
         refused = sum(only_gates_failed(r.failed_checks) for r in results)
         console.print(f"\n{sum(r.success for r in results) + refused}/{len(results)} days ran"
                       + (f" ({refused} challenger(s) refused by the gates: a decision, not a failure)." if refused else "."))
-        champion = _champion_line(home)
+        champion = _champion_line(home, results)
         console.print(champion)
         try:
             stamp = console.log_path.stem.removeprefix("run-")
@@ -199,15 +203,29 @@ def _current_step_reader(run_id: str):
     return current
 
 
-def _champion_line(home: Path) -> str:
+def _champion_line(home: Path, results: list[DayResult]) -> str:
     from deploy import registry
 
     champion = registry.default_registry(home).by_alias(registry.CTR, "champion")
     if champion is None:
-        return "No champion yet (the first candidate is promoted once it beats the historical-CTR baseline)."
+        return "No champion: " + _why_no_champion(results)
     return (f"Champion: {registry.CTR} v{champion.version} (trained on {champion.tags.get('partition')}, "
             f"teacher v{champion.tags.get('teacher_version')}, out-of-time AUC {champion.tags.get('oot_auc', '?')}); "
             f"models:/{registry.CTR}@champion")
+
+
+def _why_no_champion(results: list[DayResult]) -> str:
+    """One line: the newest judgement's reason, or why no challenger was judged."""
+    judged = [r for r in results if "decision" in r.figures]
+    if judged:
+        last = judged[-1]
+        return (f"{len(judged)} challenger(s) judged, none promoted; the newest, on {last.day}: "
+                f"{last.figures.get('why', 'no reason recorded')}.")
+    failed = [r for r in results if not r.success and not only_gates_failed(r.failed_checks)]
+    if failed:
+        return f"{failed[0].day} failed ({failed[0].error or ', '.join(failed[0].failed_checks)}), so no challenger was judged."
+    return (f"no challenger was judged in these {len(results)} day(s): a candidate trains from the first day a "
+            "teacher serves (two days of samples before it) and is judged on the day after.")
 
 
 def _oracle_auc_by_day(home: Path) -> dict[str, float]:

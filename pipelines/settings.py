@@ -24,7 +24,7 @@ def genrank_home() -> Path:
 # name -> (default, meaning). tests/test_settings.py checks that the README's configuration table lists each.
 VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_HOME": ("./.genrank", "root of all data: landing/, lake/, warehouse.duckdb, mlflow.db, mlartifacts/, dagster_home/"),
-    "GENRANK_START_DATE": ("2026-01-01; `genrank run`, `demo` and `ui` set it to the first complete landing day", "first daily partition (read when the code location loads)"),
+    "GENRANK_START_DATE": ("the first complete landing day, else 2026-01-01; every `genrank` command pins it so the processes it starts agree", "first daily partition (read when the code location loads)"),
     "GENRANK_SPARK_MASTER": ("local[*]", "spark.master for the events job (any cluster URL works)"),
     "GENRANK_SPARK_DRIVER_MEMORY": ("2g", "spark.driver.memory"),
     "GENRANK_SPARK_EXECUTOR_WAIT_S": ("300", "on a cluster master: seconds a Spark job may wait with no executor (its workers lost) before it is cancelled and the events step fails"),
@@ -54,11 +54,18 @@ STACK_PORTS = ("GENRANK_STACK_POSTGRES_PORT", "GENRANK_STACK_MLFLOW_PORT", "GENR
                "GENRANK_STACK_DAGSTER_PORT")
 
 
+DEFAULT_START_DATE = "2026-01-01"
+
+
+def requested_start_date() -> str | None:
+    """GENRANK_START_DATE as set in the environment, or None. The first daily partition itself is decided
+    by pipelines.partitions.first_partition_day (this, else the first complete landing day, else the default)."""
+    return env("GENRANK_START_DATE", "") or None
+
+
 def start_date() -> str:
-    """GENRANK_START_DATE: the first daily partition. Loading the code location reads only this variable
-    (no landing zone is scanned at import); the `genrank` commands that load it pin it to the first
-    complete landing day when unset (pipelines.runner.prepare_code_location)."""
-    return env("GENRANK_START_DATE", "2026-01-01")
+    """GENRANK_START_DATE, else the default first day (for a data root with no landing day yet)."""
+    return requested_start_date() or DEFAULT_START_DATE
 
 
 def online_store() -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from pipelines import operating, settings
+from pipelines import operating, partitions, settings
 from pipelines.runner import local_dagster_home
 from transforms import landing_watch
 
@@ -31,6 +31,11 @@ def status(home: Path) -> tuple[str, int]:
     lines = [f"genrank status of {home}", f"Landing: {len(found.complete)} complete day(s)"
              + (f", {found.complete[0]} .. {found.complete[-1]}" if found.complete else "")]
     lines += [f"  skipped: {p}" for p in found.problems]
+    partitions.pin_start_date(home)
+    try:
+        partitions.check_days_in_partitions(found.complete)
+    except ValueError as outside:
+        lines.append(f"  not daily partitions: {outside}")
     for s in statuses:
         lines.append(f"  {s.day}  {STATE_LABELS[s.state]:20s} {'' if s.state == 'done' else s.why}".rstrip())
     lines.append("Registry:")

@@ -67,7 +67,7 @@ class EventsConfig(dg.Config):
 
 
 @dg.asset(
-    partitions_def=daily_partitions,
+    partitions_def=daily_partitions(),
     group_name="ingest",
     deps=[dg.AssetDep(raw_logs, partition_mapping=RAW_LOGS_MAPPING)],
     check_specs=EVENTS_CHECKS.specs("events"),

@@ -6,7 +6,7 @@ from pipelines.partitions import daily_partitions
 
 raw_logs = dg.AssetSpec(
     "raw_logs",
-    partitions_def=daily_partitions,
+    partitions_def=daily_partitions(),
     group_name="ingest",
     description=(
         "Ad-server logs for one UTC day: landing/date=D/{impressions,clicks,behaviors}-*.jsonl.gz and a "

@@ -59,7 +59,7 @@ class SequenceBuildConfig(dg.Config):
 @dbt_assets(
     manifest=MANIFEST,
     project=dbt_project,
-    partitions_def=daily_partitions,
+    partitions_def=daily_partitions(),
     backfill_policy=dg.BackfillPolicy.single_run(),
     dagster_dbt_translator=SequenceTranslator(),
     pool="duckdb",

@@ -13,7 +13,7 @@ class OnlineStoreConfig(dg.Config):
     hash_key: str = FeatureConfig().hash_key     # the ids' hash key (the served student's FeatureConfig)
 
 
-@dg.asset(group_name="serving", partitions_def=daily_partitions, deps=[dg.AssetKey("user_sequences")],
+@dg.asset(group_name="serving", partitions_def=daily_partitions(), deps=[dg.AssetKey("user_sequences")],
           backfill_policy=dg.BackfillPolicy.single_run(),
           description="Each user's newest max_events events as of D in the online store (embedded LMDB under "
                       "GENRANK_HOME/online_store, or Redis with GENRANK_ONLINE_STORE): only the users active on D "

@@ -199,7 +199,7 @@ def _logits_path(paths: GenrankPaths, day: str) -> Path:
 
 
 @dg.asset(
-    group_name=GROUP, partitions_def=daily_partitions, deps=["training_samples", teacher_model], pool="training",
+    group_name=GROUP, partitions_def=daily_partitions(), deps=["training_samples", teacher_model], pool="training",
     output_required=False,
     description="The current teacher's probabilities for every target impression of day D, keyed by "
                 "impression_id and tagged with the teacher version. Skipped while no teacher exists.",
@@ -315,7 +315,7 @@ class StudentTrainingConfig(ModelSizeConfig):
 PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 
 
-@dg.asset(group_name=GROUP, partitions_def=daily_partitions, pool="training",
+@dg.asset(group_name=GROUP, partitions_def=daily_partitions(), pool="training",
           deps=[teacher_logits, dg.AssetDep("student_candidate", partition_mapping=PREVIOUS_DAY)],
           description="The student warm-started from the newest candidate and trained on day D with labels "
                       "and the cached teacher probabilities; registered as genrank-ctr with alias 'challenger'.")
@@ -428,7 +428,7 @@ def _gates_path(paths: GenrankPaths, day: str) -> Path:
 
 
 @dg.asset(
-    group_name=GROUP, partitions_def=daily_partitions, deps=["training_samples"], pool="training",
+    group_name=GROUP, partitions_def=daily_partitions(), deps=["training_samples"], pool="training",
     output_required=False,
     description="Yesterday's candidate and the current champion (or, before the first promotion, the "
                 "per-bucket historical-CTR baseline) scored on day D under serving conditions; the gates "
@@ -487,7 +487,7 @@ def promotion_gates(context: dg.AssetCheckExecutionContext, paths: GenrankPaths)
                       "challenger_version": challenger_version, "forced": bool(forced and not g.passed)})
 
 
-@dg.asset(group_name=GROUP, partitions_def=daily_partitions, deps=[challenger_evaluation], pool="training",
+@dg.asset(group_name=GROUP, partitions_def=daily_partitions(), deps=[challenger_evaluation], pool="training",
           description="Moves 'champion' to the challenger that passed today's gates; the old champion becomes "
                       "'previous' (what `genrank rollback` restores).")
 def promotion(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: MlflowResource) -> dg.MaterializeResult:
@@ -507,7 +507,7 @@ def promotion(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: Ml
     })
 
 
-@dg.asset(group_name=GROUP, partitions_def=daily_partitions, deps=[promotion], pool="training",
+@dg.asset(group_name=GROUP, partitions_def=daily_partitions(), deps=[promotion], pool="training",
           description="The champion's ONNX graph and serving config, as promoted on day D, in "
                       "GENRANK_HOME/serving/champion/ (the bundle a serving host deploys; `genrank serve` reads "
                       "the same files from the registry), smoke-scored with onnxruntime on D's requests.")
