@@ -119,3 +119,16 @@ def evaluate_gates(challenger: dict, reference: dict, reference_name: str, laten
         f"p99 request scoring (onnxruntime) {latency_p99_ms:.1f} ms {'<=' if ok else 'not <='} budget "
         f"{cfg.latency_budget_ms} ms"))
     return results
+
+
+def teacher_gate(teacher_auc: float, reference_auc: float, teacher_name: str, reference_name: str) -> GateResult:
+    """May the teacher's cached probabilities be the student's KD targets? Only when the teacher out-ranks what
+    serves (the champion, or before the first one the per-bucket CTR baseline) on the day's held-out slice: a
+    teacher below the model it should teach would pull the student towards worse rankings (TM20K distils a
+    teacher that is better by construction; a first teacher trained on two days is often not). An AUC that
+    cannot be computed (one class in the slice) refuses: nothing shows the teacher is better."""
+    ok = math.isfinite(teacher_auc) and math.isfinite(reference_auc) and teacher_auc > reference_auc
+    return GateResult("teacher", bool(ok), teacher_auc, reference_auc,
+                      f"{teacher_name} AUC {_fmt(teacher_auc)} > {reference_name} AUC {_fmt(reference_auc)} on the "
+                      f"day's held-out slice: {'yes' if ok else 'no'}")
+

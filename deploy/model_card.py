@@ -35,7 +35,7 @@ def ctr_card(version: str, tags: Mapping[str, str], day: str, reference_name: st
         f"### genrank-ctr v{version}: {decision} on {day}",
         "",
         f"- **Trained on** training_samples {tags.get('partition', '?')} (data window {tags.get('data_window', '?')})",
-        f"- **Teacher** genrank-teacher v{tags.get('teacher_version', '?')}; **code version** {tags.get('code_version', '?')}",
+        f"- **Distillation** {tags.get('kd', '?')}; **code version** {tags.get('code_version', '?')}",
         f"- **Judged** out of time on {day} (serving conditions) against **{reference_name}**",
         "",
         "| metric | this version | reference |",

@@ -26,14 +26,15 @@ from .config import StudentConfig, TrainConfig, from_dict, to_dict
 from .train import TrainResult, load_model, save_model, train_student
 
 
-def train_student_procs(procs: int, samples_paths: str, teacher_probs: pd.DataFrame, config: StudentConfig,
+def train_student_procs(procs: int, samples_paths: str, teacher_probs: pd.DataFrame | None, config: StudentConfig,
                         train: TrainConfig, init_from=None, ckpt_dir: str | None = None) -> TrainResult:
     if procs <= 1:
         return train_student(samples_paths, teacher_probs, config, train, init_from=init_from, ckpt_dir=ckpt_dir,
                              resume=True)
     with tempfile.TemporaryDirectory(prefix="genrank-ddp-") as work:
         work = Path(work)
-        teacher_probs.to_parquet(work / "teacher_probs.parquet")
+        if teacher_probs is not None:
+            teacher_probs.to_parquet(work / "teacher_probs.parquet")
         if init_from is not None:
             save_model(init_from, str(work / "init.safetensors"))
         # fit's token budget is per rank: N ranks of budget/N read the global batches one process of budget reads
@@ -58,7 +59,8 @@ def _worker(work: Path) -> None:
 
     job = json.loads((work / "job.json").read_text())
     torch.set_num_threads(job["threads"])
-    result = train_student(job["samples"], pd.read_parquet(work / "teacher_probs.parquet"),
+    probs = work / "teacher_probs.parquet"
+    result = train_student(job["samples"], pd.read_parquet(probs) if probs.exists() else None,
                            from_dict(StudentConfig, job["config"]), from_dict(TrainConfig, job["train"]),
                            init_from=str(work / "init.safetensors") if job["warm_start"] else None,
                            ckpt_dir=job["ckpt_dir"], resume=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 # (figure key in DayResult.figures, column title)
 COLUMNS = (
     ("impressions", "impressions"), ("quarantined", "quarantined"), ("duplicates", "duplicates"),
-    ("hist_mean", "history mean"), ("hist_p90", "history p90"), ("teacher_auc", "teacher AUC"),
+    ("hist_mean", "history mean"), ("hist_p90", "history p90"), ("teacher_auc", "teacher AUC"), ("kd", "student's KD"),
     ("student_auc", "challenger AUC"), ("reference_auc", "reference AUC"), ("vs", "reference"),
     ("oracle_auc", "oracle AUC"), ("decision", "decision"), ("why", "why"),
 )

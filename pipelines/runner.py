@@ -117,6 +117,7 @@ SUMMARY_KEYS: dict[tuple[str, str], str] = {
     ("training_samples", "history_len_p90"): "hist_p90",
     ("training_samples", "history_len_max"): "hist_max",
     ("teacher_logits", "auc"): "teacher_auc",
+    ("student_candidate", "kd"): "kd",
     ("challenger_evaluation", "challenger_auc"): "student_auc",
     ("challenger_evaluation", "reference_auc"): "reference_auc",
     ("challenger_evaluation", "compared_with"): "vs",
@@ -210,8 +211,13 @@ def _champion_line(home: Path, results: list[DayResult]) -> str:
     if champion is None:
         return "No champion: " + _why_no_champion(results)
     return (f"Champion: {registry.CTR} v{champion.version} (trained on {champion.tags.get('partition')}, "
-            f"teacher v{champion.tags.get('teacher_version')}, out-of-time AUC {champion.tags.get('oot_auc', '?')}); "
+            f"{_distilled_from(champion.tags)}, out-of-time AUC {champion.tags.get('oot_auc', '?')}); "
             f"models:/{registry.CTR}@champion")
+
+
+def _distilled_from(tags: dict) -> str:
+    teacher = tags.get("teacher_version", "none")
+    return "no KD (the teacher gate refused)" if teacher == "none" else f"teacher v{teacher}"
 
 
 def _why_no_champion(results: list[DayResult]) -> str:

@@ -43,7 +43,7 @@ def _tamper(home, day, change) -> None:
 
 def test_the_checks_pass_on_what_the_pipeline_cached(home_with_logits):
     checks = _checks(*home_with_logits)
-    assert {n: c.passed for n, c in checks.items()} == {
+    assert {n: c.passed for n, c in checks.items() if n != "kd_gate"} == {   # kd_gate: tests/test_teacher_gate.py
         "coverage": True, "finite": True, "one_teacher_version": True, "reproduced_by_teacher": True}
     assert checks["reproduced_by_teacher"].metadata["rescored_targets"].value > 0
 

@@ -30,7 +30,7 @@ from pydantic import Field
 
 from deploy import evaluation
 from deploy import registry as reg
-from deploy.gates import GateConfig
+from deploy.gates import GateConfig, GateResult, teacher_gate
 from deploy.model_card import teacher_card
 from deploy.onnx_export import OnnxScorer, find_bundle, parity, write_bundle
 from models.config import DEMO_SIZES, DEMO_STUDENT_SIZES, DEMO_TEACHER_SIZES, ModelSizes
@@ -198,13 +198,66 @@ def _logits_path(paths: GenrankPaths, day: str) -> Path:
     return paths.lake_partition("teacher_logits", day) / "part-0.parquet"
 
 
+def _kd_gate_path(paths: GenrankPaths, day: str) -> Path:
+    return paths.lake_partition("teacher_logits", day) / "kd_gate.json"
+
+
+def _champion_serving(r: reg.Registry, day: str):
+    """The genrank-ctr champion that served day D: the champion alias, unless it was promoted on D itself (its
+    challenger judged on D, in this run or a rerun), then the version it replaced. None before the first."""
+    for alias in ("champion", "previous"):
+        version = r.by_alias(reg.CTR, alias)
+        if version is None or version.tags.get("evaluated_on", "") < day:
+            return version
+    return None
+
+
+def kd_gate(r: reg.Registry, paths: GenrankPaths, day: str, teacher, holdout: float) -> GateResult:
+    """The teacher gate of day D: the teacher and what served D (deploy.gates.teacher_gate) scored on D's
+    held-out slice, the latest ``holdout`` share of D's impressions, which the student picks its pass on and
+    never trains on; both models were trained before D."""
+    from models import load_model, predict
+    from models.data import time_holdout
+    from models.metrics import auc
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _, [held_out] = time_holdout([str(_samples(paths, day))], holdout, str(Path(tmp) / "slice"))
+        teacher_pred = predict(load_model(str(r.checkpoint(reg.TEACHER, teacher.version, Path(tmp) / "t"))), held_out,
+                               with_labels=True)
+        champion = _champion_serving(r, day)
+        if champion is not None:
+            reference = predict(load_model(str(r.checkpoint(reg.CTR, champion.version, Path(tmp) / "c"))), held_out,
+                                with_labels=True)
+            name = f"champion v{champion.version}"
+        else:
+            baseline = sequences.bucket_ctr_baseline(paths.root, day)
+            reference, name = baseline[baseline["impression_id"].isin(teacher_pred["impression_id"])], "baseline"
+
+    def slice_auc(pred: pd.DataFrame) -> float:
+        return float(auc(pred["label"].to_numpy(), pred["p"].to_numpy())) if pred["label"].nunique() == 2 else float("nan")
+
+    return teacher_gate(slice_auc(teacher_pred), slice_auc(reference), f"teacher v{teacher.version}", name)
+
+
+def read_kd_gate(paths: GenrankPaths, day: str) -> GateResult:
+    """The teacher gate teacher_logits recorded for D (written with the logits, in the same partition)."""
+    return GateResult(**json.loads(_kd_gate_path(paths, day).read_text()))
+
+
+class TeacherLogitsConfig(dg.Config):
+    holdout: float = DEMO_SIZES.holdout   # the held-out share of D the teacher gate judges on (the student's)
+
+
 @dg.asset(
     group_name=GROUP, partitions_def=daily_partitions(), deps=["training_samples", teacher_model], pool="training",
     output_required=False,
     description="The current teacher's probabilities for every target impression of day D, keyed by "
-                "impression_id and tagged with the teacher version. Skipped while no teacher exists.",
+                "impression_id and tagged with the teacher version, and the teacher gate: they are the student's "
+                "KD targets only if the teacher beats what served D on D's held-out slice. Skipped while no "
+                "teacher exists.",
 )
-def teacher_logits(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: MlflowResource):
+def teacher_logits(context: dg.AssetExecutionContext, config: TeacherLogitsConfig, paths: GenrankPaths,
+                   mlflow: MlflowResource):
     from models import load_model, predict
     from models.metrics import auc
 
@@ -231,15 +284,20 @@ def teacher_logits(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflo
     r.client.update_model_version(reg.TEACHER, teacher.version, description=teacher_card(
         teacher.version, teacher.tags.get("window", "?"), teacher.tags.get("code_version", "?"), aucs,
         f"#/experiments/{logged.info.experiment_id}/runs/{teacher.run_id}"))
+    gate = kd_gate(r, paths, day, teacher, config.holdout)
     out = _logits_path(paths, day)
-    _atomic_parquet(pred[["impression_id", "user_id", "position_bucket", "p", "logit", "label", "teacher_version"]], out)
+    with staged_dir(out.parent) as staging:   # the logits and the gate that admits them land together
+        pred[["impression_id", "user_id", "position_bucket", "p", "logit", "label", "teacher_version"]].to_parquet(
+            staging / out.name, index=False)
+        (staging / _kd_gate_path(paths, day).name).write_text(json.dumps(dataclasses.asdict(gate), indent=1))
     yield dg.Output(None, metadata={"rows": len(pred), "teacher_version": str(teacher.version), "auc": day_auc,
+                                    "kd_admitted": gate.passed, "kd_gate": gate.reason,
                                     "path": dg.MetadataValue.path(str(out))})
 
 
 @dg.multi_asset_check(
     specs=[dg.AssetCheckSpec(n, asset="teacher_logits", blocking=True) for n in
-           ("coverage", "finite", "one_teacher_version", "reproduced_by_teacher")],
+           ("coverage", "finite", "one_teacher_version", "reproduced_by_teacher", "kd_gate")],
     can_subset=False,
 )
 def teacher_logits_checks(context: dg.AssetCheckExecutionContext, paths: GenrankPaths, mlflow: MlflowResource):
@@ -249,6 +307,7 @@ def teacher_logits_checks(context: dg.AssetCheckExecutionContext, paths: Genrank
     from models import load_model, predict
 
     [day] = run_partition_days(context.run.tags)
+    yield _kd_gate_check(paths, day)
     cached = pd.read_parquet(_logits_path(paths, day))
     samples = pd.read_parquet(_samples(paths, day))
     expected = set(samples.loc[samples["is_target"], "impression_id"])
@@ -287,9 +346,20 @@ def teacher_logits_checks(context: dg.AssetCheckExecutionContext, paths: Genrank
         metadata={"rescored_targets": len(both), "max_abs_diff": worst})
 
 
-def _atomic_parquet(df: pd.DataFrame, path: Path) -> None:
-    with staged_dir(path.parent) as staging:
-        df.to_parquet(staging / path.name, index=False)
+def _kd_gate_check(paths: GenrankPaths, day: str) -> dg.AssetCheckResult:
+    """A refused teacher is a decision (WARN: the student trains on labels alone, and says so); a partition
+    without a readable gate is an ERROR, which blocks the student."""
+    try:
+        gate = read_kd_gate(paths, day)
+    except (OSError, ValueError, TypeError) as exc:
+        return dg.AssetCheckResult(check_name="kd_gate", asset_key="teacher_logits", passed=False,
+                                   severity=dg.AssetCheckSeverity.ERROR,
+                                   description=f"no readable teacher gate for {day}: {type(exc).__name__}: {exc}")
+    return dg.AssetCheckResult(
+        check_name="kd_gate", asset_key="teacher_logits", passed=gate.passed,
+        severity=dg.AssetCheckSeverity.ERROR if gate.passed else dg.AssetCheckSeverity.WARN,
+        description=gate.reason + ("" if gate.passed else ": the student of the day trains on labels alone"),
+        metadata={"teacher_auc": float(gate.observed), "reference_auc": float(gate.threshold), "reason": gate.reason})
 
 
 # -------------------------------------------------------------------------------- student candidate
@@ -328,8 +398,11 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
     day = context.partition_key
     samples = _samples(paths, day)
     logits_path = _logits_path(paths, day)
-    logits = pd.read_parquet(logits_path)
-    teacher_version = str(logits["teacher_version"].iloc[0])
+    gate = read_kd_gate(paths, day)
+    # a refused teacher's partition is never read: its probabilities are no targets
+    teacher_probs = pd.read_parquet(logits_path, columns=["impression_id", "p", "teacher_version"]) if gate.passed else None
+    kd = f"on: {gate.reason}" if gate.passed else f"off: {gate.reason}"
+    teacher_version = str(teacher_probs["teacher_version"].iloc[0]) if gate.passed else "none"
     r = _registry(paths, mlflow)
     calibration_days = [d for d in paths.lake_days("training_samples") if d <= day and _has_targets(paths, d)]
     calibration_days = calibration_days[-config.calibration_days:]
@@ -355,14 +428,15 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
         epochs = config.warm_epochs if init is not None else config.epochs
         train_cfg = dataclasses.replace(config.train_config(), epochs=epochs)
-        result = train_student_procs(settings.train_procs(), str(train_samples), logits[["impression_id", "p"]],
+        result = train_student_procs(settings.train_procs(), str(train_samples),
+                                     teacher_probs[["impression_id", "p"]] if gate.passed else None,
                                      student_cfg, train_cfg, init_from=init, ckpt_dir=str(ckpt_dir))
         if train_cfg.holdout > 0:  # no held-out share: fit trains on everything, uncalibrated
             calibrate_on_days(result.model, [_samples(paths, d) for d in calibration_days], train_cfg.holdout,
                               str(tmp / "calibration"))
         seconds = time.perf_counter() - started
         bundle = write_bundle(result.model, tmp / "serving")  # its parity is a gate of the next day's run
-        tags = {"partition": day, "data_window": f"{day}..{day}", "teacher_version": teacher_version,
+        tags = {"partition": day, "data_window": f"{day}..{day}", "teacher_version": teacher_version, "kd": kd,
                 "calibration_window": f"{calibration_days[0]}..{calibration_days[-1]}",
                 "code_version": code, "data_fingerprint": fingerprint,
                 "warm_start_from": previous.version if previous is not None else "none",
@@ -371,12 +445,12 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
             reg.CTR, result.model, result.history, samples, run_name=f"student-{day}", run_tags={"partition": day},
             checkpoint_metadata={"partition": day}, tags=tags,
             description=_model_card("student candidate", day, {},
-                                    f"Teacher v{teacher_version}. Awaits the out-of-time gates on the next day."),
+                                    f"Distillation {kd}. Awaits the out-of-time gates on the next day."),
             extra_artifacts={"serving": bundle.onnx.parent})
     r.client.set_registered_model_alias(reg.CTR, "challenger", version)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return dg.MaterializeResult(metadata={
-        "version": version, "teacher_version": teacher_version, "train_seconds": seconds,
+        "version": version, "teacher_version": teacher_version, "kd": kd, "train_seconds": seconds,
         "warm_start_from": tags["warm_start_from"], "best_pass": result.best_epoch,
         "held_out_auc_by_pass": dg.MetadataValue.json(result.val_curve),
         "calibration_window": tags["calibration_window"],

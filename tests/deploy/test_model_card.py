@@ -3,7 +3,8 @@
 from deploy.gates import GateResult
 from deploy.model_card import ctr_card, teacher_card
 
-TAGS = {"partition": "2026-01-03", "data_window": "2026-01-03..2026-01-03", "teacher_version": "1", "code_version": "abc123"}
+TAGS = {"partition": "2026-01-03", "data_window": "2026-01-03..2026-01-03", "teacher_version": "1", "code_version": "abc123",
+        "kd": "on: teacher v1 AUC 0.8100 > baseline AUC 0.6000 on the day's held-out slice: yes"}
 CHALLENGER = {"auc": 0.78, "gauc": 0.66, "logloss": 0.21, "bucket0_calibration": 0.93, "bucket1_calibration": 1.12,
               "bucket1_calibration_se": 0.085}
 REFERENCE = {"auc": 0.61, "gauc": float("nan"), "logloss": 0.24, "bucket0_calibration": 1.0}
@@ -19,7 +20,7 @@ def test_the_ctr_card_says_what_was_judged_against_what_and_why():
                     "r123", "#/experiments/1/runs/r123")
     assert card.startswith("### genrank-ctr v4: approved on 2026-01-04")
     assert "training_samples 2026-01-03 (data window 2026-01-03..2026-01-03)" in card
-    assert "genrank-teacher v1" in card and "abc123" in card and "against **baseline**" in card
+    assert "**Distillation** on: teacher v1 AUC 0.8100 > baseline" in card and "abc123" in card and "against **baseline**" in card
     assert "| AUC | 0.7800 | 0.6100 |" in card and "| GAUC (per user) | 0.6600 | - |" in card
     assert "| bucket1 predicted/observed CTR | 1.1200 | - |" in card
     assert "| bucket1 its standard error (clustered by user) | 0.0850 | - |" in card

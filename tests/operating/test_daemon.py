@@ -71,7 +71,7 @@ def _assert_serial_and_in_date_order(records: list[dg.RunRecord]) -> list[str]:
 
 
 def _champion_line(stdout: str) -> tuple[str, str]:
-    match = re.search(r"Champion: genrank-ctr v(\d+) \(trained on [^,]+, teacher v\d+, out-of-time AUC ([0-9.]+)\)", stdout)
+    match = re.search(r"Champion: genrank-ctr v(\d+) \(trained on [^,]+, [^,]+, out-of-time AUC ([0-9.]+)\)", stdout)
     assert match, stdout[-2000:]
     return match.group(1), match.group(2)
 
