@@ -6,8 +6,18 @@ names another)::
     date=YYYY-MM-DD/predictions-<pid>-<token>-<seq>.jsonl
 
 The day is the UTC date of the request's time (``ts_ms``: the request's ``request_ts_ms``, else when
-it arrived), so a replayed day lands in that day's folder. One line per scored request; the service
-builds the record (deploy/service.py, ``score_body``).
+it arrived), so a replayed day lands in that day's folder. One line per scored request, built by the
+service (deploy/service.py, ``score_body``)::
+
+    request_id      the client's (a replay sends the landing's), else one the service made up and returned
+    ts_ms           the request's time
+    user_id         null for an inline history without a user
+    history_source  "store" | "inline";  history_events: the events the model saw
+    candidates      columns: {"ad_id": [...], "campaign_id": [...], ..., "device": [...]}
+    model_version   the genrank-ctr version that scored it
+    scores          per candidate, P(click | position bucket k) for each bucket
+    store_as_of     the online store's day when it was scored
+    latency_ms      body read to response built;  worker_pid: the worker that answered
 
 Never blocking: a request hands its record to a bounded in-memory queue (``put_nowait``); one writer
 thread per worker process serialises and appends. A full queue drops the record (reason
@@ -93,6 +103,7 @@ class PredictionLog:
         self._name = f"predictions-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._seq = 0
         self._thread: threading.Thread | None = None
+        self._last_error: str | None = None
 
     def submit(self, record: dict) -> bool:
         """Queue a record for the writer; False (and counted) when the queue is full."""
@@ -143,9 +154,12 @@ class PredictionLog:
             try:
                 self._file(day).append(b"".join(lines))
                 self._on_write(len(lines))
+                self._last_error = None
             except OSError as exc:
                 self._on_drop(WRITE_ERROR, len(lines))
-                log.warning("prediction log: dropped %d record(s) of %s: %s", len(lines), day, exc)
+                if str(exc) != self._last_error:  # once per kind of failure, not once per batch
+                    log.warning("prediction log: dropping records (counted in the metrics): %s", exc)
+                self._last_error = str(exc)
                 stale = self._files.pop(day, None)
                 if stale is not None:
                     stale.close()
