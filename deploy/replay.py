@@ -38,6 +38,7 @@ ID_KEYS = tuple(k for k in REQUIRED_KEYS[KIND] if k not in INTEGER_KEYS[KIND] an
 CANDIDATE_KEYS = ("ad_id", "campaign_id", "advertiser_id", "category_id", "brand_id", "surface", "device")
 FRAMING = " \t\r\ufeff"  # around a JSON Lines record: whitespace, a CRLF's CR, a byte-order mark
 INT64 = 1 << 63
+JSON_HEADERS = {"content-type": "application/json"}
 
 
 def id_text(value) -> str:
@@ -175,7 +176,7 @@ def replay(root: Path, day: str, url: str, max_requests: int = 100_000, max_seco
                 return
             t = time.perf_counter()
             try:
-                status = client.post("/v1/score", content=body, headers={"content-type": "application/json"}).status_code
+                status = client.post("/v1/score", content=body, headers=JSON_HEADERS).status_code
             except httpx.TransportError:
                 status = None
             ms = (time.perf_counter() - t) * 1000

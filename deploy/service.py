@@ -77,7 +77,7 @@ class ServiceConfig:
     max_body_bytes: int = 8 << 20
     prediction_log: Path | None = None   # GENRANK_SERVE_PREDICTION_LOG: where scored requests are logged (None: not)
     prediction_log_limits: LogLimits = LogLimits()
-    metrics_dir: Path | None = None      # PROMETHEUS_MULTIPROC_DIR: the workers' shared metric files (None: this process)
+    metrics_dir: Path | None = None      # PROMETHEUS_MULTIPROC_DIR: the workers' metric files (None: this process's)
 
 
 # ------------------------------------------------------------------------------------------ schema

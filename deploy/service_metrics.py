@@ -11,11 +11,11 @@
 
 Several workers (``genrank serve --workers N``) use prometheus_client's multiprocess mode: every worker
 writes its values to files under one directory (``PROMETHEUS_MULTIPROC_DIR``, set by ``genrank serve``
-before any worker starts: deploy/metrics_dir.py), and whichever worker answers a scrape reads them all, so counters and the
-histogram are sums over the workers. The per-worker gauges (model version, store day) carry a ``pid``
-label (mode ``liveall``: a worker that exits cleanly removes its own); staleness is the largest over
-live workers (``livemax``), each worker updating its own at every refresh and scrape. Without a
-directory (one process, tests) each app keeps its own registry.
+before any worker starts: deploy/metrics_dir.py), and whichever worker answers a scrape reads them all,
+so counters and the histogram are sums over the workers. The per-worker gauges (model version, store
+day) carry a ``pid`` label (mode ``liveall``: a worker that exits cleanly removes its own); staleness is
+the largest over live workers (``livemax``), each worker updating its own at every refresh and scrape.
+Without a directory (one process, tests) each app keeps its own registry.
 """
 from __future__ import annotations
 
