@@ -5,6 +5,10 @@
                      the model version that scored it
     GET  /healthz    200 once a model is loaded, 503 before
     GET  /v1/model   the loaded version, its config, providers and the sequence store's day
+    GET  /metrics    Prometheus metrics (deploy/service_metrics.py)
+
+Every scored request is recorded in the prediction log (deploy/prediction_log.py) off the request path:
+a full queue or a failed write drops records and counts them in the metrics, never delays a request.
 
 Hot swap: a watcher thread polls the champion alias (and the online store) every ``poll_s``; a new
 champion is downloaded, its ONNX file checked against the version's ``onnx_sha256`` tag, and its
@@ -19,7 +23,8 @@ Bad input is the client's problem and says so: malformed JSON, non-finite number
 fields, too many candidates or history events get a 422 that names the field; a body over the size
 limit a 413 (counted while reading, however the body is framed); an unknown user without an inline
 history a 404 (send ``history: []`` to score a new user cold); a store that is missing, half-written or
-of another format a 503 that says which. Unknown
+of another format a 503 that says which. Each refusal carries the reason the metrics count it under
+(``Refused``). Unknown
 ad, campaign or category ids are not errors: they are hashed like every id, as at training time.
 """
 from __future__ import annotations
@@ -30,6 +35,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +45,15 @@ import numpy as np
 import orjson
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from deploy.event_codec import EventArrays, encode, to_sample
 from deploy.onnx_export import ONNX_FILE, ONNX_SHA256_TAG, OnnxScorer, ServingBundle, find_bundle, request_arrays
+from deploy.prediction_log import LogLimits, PredictionLog
 from deploy.request_body import decode_json, read_limited
 from deploy.sequence_store import OnlineStore, StoreUnavailable, open_store
+from deploy.service_metrics import ServiceMetrics
 from models.config import StudentConfig
 from models.data import request_tokens
 from transforms.atomic import staged_dir
@@ -66,6 +75,9 @@ class ServiceConfig:
     max_candidates: int = 1000       # CADET scores hundreds of candidates per request
     max_history: int = 20000         # inline history events (TM20K's longest sequences)
     max_body_bytes: int = 8 << 20
+    prediction_log: Path | None = None   # GENRANK_SERVE_PREDICTION_LOG: where scored requests are logged (None: not)
+    prediction_log_limits: LogLimits = LogLimits()
+    metrics_dir: Path | None = None      # PROMETHEUS_MULTIPROC_DIR: the workers' metric files (None: this process's)
 
 
 # ------------------------------------------------------------------------------------------ schema
@@ -83,7 +95,7 @@ def _at_most_256_bytes(value: str) -> str:
 # Their byte limit is checked per column after validation (check_id_bytes): a Python validator on every id
 # cost a request of 200 candidates ~1 ms, most of its validation time.
 Id = Annotated[str, Field(min_length=1)]
-UserId = Annotated[StrictStr, Field(min_length=1), AfterValidator(_at_most_256_bytes)]  # store keys: strings only
+Key = Annotated[StrictStr, Field(min_length=1), AfterValidator(_at_most_256_bytes)]  # store keys: strings only
 
 
 class ItemFeatures(BaseModel):
@@ -118,10 +130,23 @@ class HistoryEvent(ItemFeatures):
 
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    user_id: UserId | None = None
+    request_id: Key | None = None  # the ad server's (the landing logs'); the service makes one up without it
+    user_id: Key | None = None
     history: list[HistoryEvent] | None = None
     candidates: list[Candidate] = Field(min_length=1)
     request_ts_ms: int | None = Field(default=None, ge=0, le=MAX_TS_MS)
+
+
+class Refused(HTTPException):
+    """A request the service does not score; ``reason`` is the kind of error the metrics count it under."""
+
+    def __init__(self, status: int, reason: str, detail):
+        super().__init__(status, detail)
+        self.reason = reason
+
+
+# deploy/request_body.py's refusals, by status: a body over the limit, a body that is not JSON
+REQUEST_BODY_REASONS = {413: "body_too_large", 422: "invalid_json"}
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -202,17 +227,18 @@ class StoreHandle:
 
     def history(self, user_id: str, hash_key: str, counter_len: int | None) -> tuple[str, EventArrays | None]:
         if self.store is None:
-            raise HTTPException(503, f"the online store is unavailable: {self.error}")
+            raise Refused(503, "store_unavailable", f"the online store is unavailable: {self.error}")
         try:
             meta, events = self.store.lookup(user_id)
         except StoreUnavailable as exc:
-            raise HTTPException(503, f"the online store is unavailable: {exc}") from None
+            raise Refused(503, "store_unavailable", f"the online store is unavailable: {exc}") from None
         if meta.hash_key != hash_key:
-            raise HTTPException(503, f"the online store hashed ids with key {meta.hash_key!r}, the model with "
-                                     f"{hash_key!r}: rebuild the store for this model")
+            raise Refused(503, "store_incompatible", f"the online store hashed ids with key {meta.hash_key!r}, the "
+                                                      f"model with {hash_key!r}: rebuild the store for this model")
         if counter_len and meta.max_events < counter_len:  # the counters would count fewer events than in training
-            raise HTTPException(503, f"the online store keeps {meta.max_events} events per user, the model's counters "
-                                     f"count {counter_len}: rebuild the store with max_events >= {counter_len}")
+            raise Refused(503, "store_incompatible", f"the online store keeps {meta.max_events} events per user, the "
+                                                      f"model's counters count {counter_len}: rebuild the store with "
+                                                      f"max_events >= {counter_len}")
         return meta.as_of, events
 
 
@@ -235,8 +261,8 @@ def check_id_bytes(cols: dict[str, list], where: str) -> None:
         if values and max(map(len, filter(None, values)), default=0) > MAX_ID_BYTES // 4:
             for i, value in enumerate(values):
                 if value is not None and len(value.encode()) > MAX_ID_BYTES:
-                    raise HTTPException(422, f"{where}.{i}.{field}: at most {MAX_ID_BYTES} bytes (UTF-8), "
-                                             f"got {len(value.encode())}")
+                    raise Refused(422, "id_too_long", f"{where}.{i}.{field}: at most {MAX_ID_BYTES} bytes (UTF-8), "
+                                                      f"got {len(value.encode())}")
 
 
 def _inline_history(cols: dict[str, list], hash_key: str) -> EventArrays:
@@ -252,9 +278,10 @@ def candidate_events(cols: dict[str, list], ts_ms: int, hash_key: str) -> EventA
     return encode(arrays, hash_key)
 
 
-def _validation_422(exc: ValidationError) -> HTTPException:
-    return HTTPException(422, [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
-                               for e in exc.errors(include_url=False, include_context=False, include_input=False)])
+def _validation_422(exc: ValidationError) -> Refused:
+    return Refused(422, "invalid_request", [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+                                            for e in exc.errors(include_url=False, include_context=False,
+                                                                include_input=False)])
 
 
 def _json(payload, status: int = 200) -> Response:
@@ -267,6 +294,9 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
     """The app; ``watch=False`` leaves polling to the caller (tests call ``app.state.refresh()``)."""
     models = ModelWatcher(cfg)
     store = StoreHandle(cfg)
+    metrics = ServiceMetrics(cfg.metrics_dir)
+    prediction_log = None if cfg.prediction_log is None else PredictionLog(
+        cfg.prediction_log, cfg.prediction_log_limits, on_drop=metrics.dropped, on_write=metrics.written)
     stop = threading.Event()
 
     def refresh() -> None:
@@ -278,6 +308,7 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
             log.exception("model refresh failed; still serving %s",
                           models.current.version if models.current else "nothing")
         store.refresh()
+        metrics.served(models.current.version if models.current else None, store.as_of)
 
     def watcher() -> None:
         while not stop.wait(cfg.poll_s):
@@ -293,14 +324,21 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
         gc.freeze()
         if watch and cfg.poll_s > 0:
             threading.Thread(target=watcher, name="genrank-model-watcher", daemon=True).start()
+        if prediction_log is not None:
+            prediction_log.start()
         yield
         stop.set()
+        if prediction_log is not None:
+            prediction_log.close()
         store.close()
+        metrics.worker_exited()
 
     app = FastAPI(title="genrank scoring service", version="1", lifespan=lifespan)
     app.state.refresh = refresh
     app.state.models = models
     app.state.store = store
+    app.state.metrics = metrics
+    app.state.prediction_log = prediction_log
 
     @app.get("/healthz")
     def healthz():
@@ -324,21 +362,29 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
                            "max_body_bytes": cfg.max_body_bytes},
                 "last_refresh_error": models.last_error}
 
-    def score_body(body: bytes) -> Response:
+    @app.get("/metrics")
+    def metrics_exposition() -> Response:
+        metrics.served(models.current.version if models.current else None, store.as_of)  # staleness as of now
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    def score_body(body: bytes) -> tuple[Response, dict]:
+        """The answer to one request and its prediction-log record (all but the latency)."""
         try:
             req = ScoreRequest.model_validate(decode_json(body))
         except ValidationError as exc:
             raise _validation_422(exc) from None
         cur = models.current  # read once: a swap during this request does not affect it
         if cur is None:
-            raise HTTPException(503, f"no {cfg.model_name}@{cfg.alias} loaded yet")
+            raise Refused(503, "no_model", f"no {cfg.model_name}@{cfg.alias} loaded yet")
         if len(req.candidates) > cfg.max_candidates:
-            raise HTTPException(422, f"candidates: {len(req.candidates)} exceeds the limit of {cfg.max_candidates}")
+            raise Refused(422, "too_many_candidates",
+                          f"candidates: {len(req.candidates)} exceeds the limit of {cfg.max_candidates}")
         if req.history is not None and len(req.history) > cfg.max_history:
-            raise HTTPException(422, f"history: {len(req.history)} events exceed the limit of {cfg.max_history}")
+            raise Refused(422, "history_too_long",
+                          f"history: {len(req.history)} events exceed the limit of {cfg.max_history}")
         if req.history is None and req.user_id is None:
-            raise HTTPException(422, "user_id: give a user_id (history from the sequence store) or an inline "
-                                     "history (an empty list scores a new user)")
+            raise Refused(422, "no_user", "user_id: give a user_id (history from the sequence store) or an inline "
+                                          "history (an empty list scores a new user)")
         cand_cols = columns(req.candidates, CANDIDATE_FIELDS)
         check_id_bytes(cand_cols, "candidates")
         hist_cols = None if req.history is None else columns(req.history, HISTORY_FIELDS)
@@ -346,30 +392,52 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
             check_id_bytes(hist_cols, "history")
         c = cur.config
         key = c.features.hash_key
+        as_of = store.as_of
         if hist_cols is not None:
             hist, source = _inline_history(hist_cols, key), "inline"
         else:
             as_of, hist = store.history(req.user_id, key, c.counter_len)
             if hist is None:
-                raise HTTPException(404, f"user {req.user_id!r} has no sequence in the store (as of {as_of}); "
-                                         "send an inline history (history: [] scores a new user)")
+                raise Refused(404, "unknown_user", f"user {req.user_id!r} has no sequence in the store (as of "
+                                                   f"{as_of}); send an inline history (history: [] scores a new user)")
             source = "store"
         ts = req.request_ts_ms if req.request_ts_ms is not None else int(time.time() * 1000)
         hist = hist.take(hist.ts <= ts)  # a request sees nothing from its own future
         tokens = request_tokens(to_sample(hist, c.features),
                                 to_sample(candidate_events(cand_cols, ts, key), c.features), c)
         probs = cur.scorer.score(request_arrays(tokens)).tolist()
-        return _json({
-            "model_version": cur.version, "user_id": req.user_id, "history_source": source,
+        request_id = req.request_id or uuid.uuid4().hex
+        response = _json({
+            "request_id": request_id, "model_version": cur.version, "user_id": req.user_id, "history_source": source,
             "history_events": int(tokens.n_events), "history_tokens": int(tokens.n_groups), "request_ts_ms": ts,
             "buckets": len(probs[0]), "scores": [{"ad_id": cd.ad_id, "p": p} for cd, p in zip(req.candidates, probs)]})
+        # the candidates as the columns the service already holds: no per-candidate work on the request path
+        record = {"request_id": request_id, "ts_ms": ts, "user_id": req.user_id, "history_source": source,
+                  "history_events": int(tokens.n_events), "candidates": cand_cols, "model_version": cur.version,
+                  "scores": probs, "store_as_of": as_of, "worker_pid": os.getpid()}
+        return response, record
 
     @app.post("/v1/score")
     async def score(request: Request) -> Response:
-        body = await read_limited(request, cfg.max_body_bytes)
-        # Scored on the event loop, one request at a time per worker: a busy worker stops accepting, so the
-        # next connection waits in the kernel's queue for whichever worker is free (prefork), instead of
-        # queueing behind this one or oversubscribing the cores with a second onnxruntime run.
-        return score_body(body)
+        start = time.perf_counter()
+        try:
+            body = await read_limited(request, cfg.max_body_bytes)
+            # Scored on the event loop, one request at a time per worker: a busy worker stops accepting, so the
+            # next connection waits in the kernel's queue for whichever worker is free (prefork), instead of
+            # queueing behind this one or oversubscribing the cores with a second onnxruntime run.
+            response, record = score_body(body)
+        except HTTPException as exc:
+            reason = exc.reason if isinstance(exc, Refused) else REQUEST_BODY_REASONS.get(exc.status_code, "other")
+            metrics.answered(exc.status_code, reason)
+            raise
+        except Exception:
+            metrics.answered(500, "internal")
+            raise
+        seconds = time.perf_counter() - start
+        metrics.answered(200, seconds=seconds)
+        if prediction_log is not None:
+            record["latency_ms"] = round(seconds * 1000, 3)
+            prediction_log.submit(record)
+        return response
 
     return app

@@ -134,27 +134,46 @@ def _cmd_stack(args: argparse.Namespace) -> int:
 
 def serve_app():
     """The scoring app as the GENRANK_* variables configure it: uvicorn's factory in every worker process."""
+    from deploy.prediction_log import LogLimits
     from deploy.service import ServiceConfig, create_app
 
     home = settings.genrank_home()
     d = ServiceConfig  # its defaults are the local defaults of the GENRANK_SERVE_* variables
+    metrics_dir = settings.prometheus_multiproc_dir()  # exported by _cmd_serve
     return create_app(ServiceConfig(
         home=home, tracking_uri=settings.tracking_uri(home), store=settings.online_store(),
         poll_s=float(settings.env("GENRANK_SERVE_POLL_S", str(d.poll_s))),
         threads=int(settings.env("GENRANK_SERVE_THREADS", str(d.threads))),
         max_candidates=int(settings.env("GENRANK_SERVE_MAX_CANDIDATES", str(d.max_candidates))),
         max_history=int(settings.env("GENRANK_SERVE_MAX_HISTORY", str(d.max_history))),
-        max_body_bytes=int(settings.env("GENRANK_SERVE_MAX_BODY_BYTES", str(d.max_body_bytes)))))
+        max_body_bytes=int(settings.env("GENRANK_SERVE_MAX_BODY_BYTES", str(d.max_body_bytes))),
+        prediction_log=settings.serve_prediction_log(home),
+        prediction_log_limits=LogLimits(total_bytes=settings.serve_prediction_log_max_bytes()),
+        metrics_dir=Path(metrics_dir) if metrics_dir else None))
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    # Worker processes build their app from the environment: hand --home to them there.
+    from deploy.metrics_dir import multiprocess_dir
+
+    # Worker processes build their app from the environment: hand --home to them there, and the directory
+    # their metrics are summed through (before any of them imports prometheus_client).
     os.environ["GENRANK_HOME"] = str(Path(args.home).resolve())
-    uvicorn.run("pipelines.cli:serve_app", factory=True, host=args.host, port=args.port, workers=args.workers,
-                log_level="info")
+    with multiprocess_dir(settings.prometheus_multiproc_dir()) as metrics_dir:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        uvicorn.run("pipelines.cli:serve_app", factory=True, host=args.host, port=args.port, workers=args.workers,
+                    log_level="info")
     return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from deploy.replay import replay
+
+    report = replay(Path(args.home).resolve(), args.day, args.url, max_requests=args.max_requests,
+                    max_seconds=args.max_seconds, concurrency=args.concurrency, allow_remote=args.allow_remote)
+    print(report.summary())
+    return 1 if report.count(500, 600) or None in report.statuses else 0
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
@@ -241,6 +260,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1,
                    help="server processes, each with its own onnxruntime session (one per core with GENRANK_SERVE_THREADS=1)")
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("replay", help="send day D's ad requests from the landing logs through a running `genrank serve` "
+                                      "over HTTP (exit 1 on a 5xx or an unanswered request)")
+    p.add_argument("--day", required=True, help="the landing day (YYYY-MM-DD)")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the service (default http://127.0.0.1:8000)")
+    p.add_argument("--home", default=home, help="data root holding landing/ (default GENRANK_HOME)")
+    p.add_argument("--max-requests", type=int, default=100_000, help="send at most this many (default 100000)")
+    p.add_argument("--max-seconds", type=float, default=600.0, help="stop sending after this long (default 600)")
+    p.add_argument("--concurrency", type=int, default=2, help="requests in flight (default 2)")
+    p.add_argument("--allow-remote", action="store_true", help="allow a URL that is not a loopback address")
+    p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser("ui", help="the Dagster UI and daemon (dagster dev) on the instance genrank run records into")
     p.add_argument("--home", default=home)

@@ -43,6 +43,9 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_SERVE_MAX_CANDIDATES": ("1000", "`genrank serve`: candidates per request"),
     "GENRANK_SERVE_MAX_HISTORY": ("20000", "`genrank serve`: inline history events per request"),
     "GENRANK_SERVE_MAX_BODY_BYTES": ("8388608", "`genrank serve`: request body size (413 above)"),
+    "GENRANK_SERVE_PREDICTION_LOG": ("$GENRANK_HOME/prediction_log", "`genrank serve`: where every scored request is logged (JSON Lines, a `date=D` folder per day of the request's time); `off` logs nothing"),
+    "GENRANK_SERVE_PREDICTION_LOG_MAX_MB": ("2048", "`genrank serve`: the prediction log's size bound: the oldest files are deleted beyond it (files rotate at 64 MiB)"),
+    "PROMETHEUS_MULTIPROC_DIR": ("(empty: a temporary directory per `genrank serve` run)", "where the workers of `genrank serve` write their metrics for `/metrics` (prometheus_client's multiprocess mode); emptied at start"),
     "GENRANK_TRAIN_PROCS": ("1", "processes the student asset trains with: above 1 it launches `torchrun --nproc-per-node N` (DDP, gloo on CPU); `genrank stack` defaults it to 2"),
     "GENRANK_STACK_POSTGRES_PORT": ("15432", "`genrank stack`: PostgreSQL's port (127.0.0.1)"),
     "GENRANK_STACK_MLFLOW_PORT": ("15000", "`genrank stack`: the MLflow tracking server's port"),
@@ -101,6 +104,22 @@ def latency_budget_ms() -> float:
 def train_procs() -> int:
     """GENRANK_TRAIN_PROCS: processes the student asset trains with (torchrun above 1)."""
     return int(env("GENRANK_TRAIN_PROCS", VARIABLES["GENRANK_TRAIN_PROCS"][0]))
+
+
+def serve_prediction_log(home: Path) -> Path | None:
+    """GENRANK_SERVE_PREDICTION_LOG: the prediction log's directory, None for `off`."""
+    value = env("GENRANK_SERVE_PREDICTION_LOG", str(Path(home) / "prediction_log"))
+    return None if value == "off" else Path(value).resolve()
+
+
+def serve_prediction_log_max_bytes() -> int:
+    """GENRANK_SERVE_PREDICTION_LOG_MAX_MB, in bytes."""
+    return int(float(env("GENRANK_SERVE_PREDICTION_LOG_MAX_MB", VARIABLES["GENRANK_SERVE_PREDICTION_LOG_MAX_MB"][0])) * (1 << 20))
+
+
+def prometheus_multiproc_dir() -> str:
+    """PROMETHEUS_MULTIPROC_DIR: empty unless set (then `genrank serve` uses it instead of a temporary directory)."""
+    return env("PROMETHEUS_MULTIPROC_DIR", "")
 
 
 def tracking_uri(home: Path) -> str:

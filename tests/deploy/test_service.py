@@ -6,9 +6,11 @@ works on a copy of the run's registry database and online store."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -17,18 +19,23 @@ import threading
 import time
 
 import numpy as np
+import orjson
 import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from deploy import registry as reg
 from deploy.onnx_export import ONNX_SHA256_TAG, torch_probs
+from deploy.prediction_log import read_day
+from deploy.replay import day_requests
 from deploy.sequence_store import FORMAT_VERSION, LmdbStore
 from deploy.service import ServiceConfig, create_app
 from models import load_model
 from models.data import request_tokens, sample_from_frame
+from transforms import landing
 
 pytestmark = pytest.mark.slow
 
@@ -256,23 +263,23 @@ def test_a_graph_that_does_not_match_its_sha256_tag_is_not_swapped_in(home):
     assert info["version"] == old and "sha256" in info["last_refresh_error"]
 
 
-def test_several_workers_keep_every_rule_and_hot_swap(home):
-    """`genrank serve --workers 2`: each worker answers the 4xx rules and picks up a moved alias."""
+@contextlib.contextmanager
+def _serving(home, **variables):
+    """`genrank serve --workers 2` on a free loopback port, answering /healthz: (client, url), the client opening a
+    new connection per request so that requests spread over the workers; stopped by its PID (the workers drain)."""
     import httpx
 
-    r, old, other = _champion_and_another(home)
-    user, now = _a_user(home)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "GENRANK_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
-           "GENRANK_SERVE_POLL_S": "0.3", "GENRANK_SERVE_THREADS": "1", "GENRANK_SERVE_MAX_BODY_BYTES": "4000"}
+           "GENRANK_SERVE_THREADS": "1", **variables}
     env.pop("GENRANK_ONLINE_STORE", None)
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--home", str(home), "--port", str(port),
                              "--workers", "2"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
     try:
-        # a new connection per request, so the requests spread over the workers
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers={"connection": "close"}) as client:
+        with httpx.Client(base_url=url, timeout=30, headers={"connection": "close"}) as client:
             deadline = time.time() + 120
             while True:
                 try:
@@ -282,32 +289,39 @@ def test_several_workers_keep_every_rule_and_hot_swap(home):
                     pass
                 assert proc.poll() is None and time.time() < deadline, "genrank serve --workers 2 did not start"
                 time.sleep(0.2)
-
-            def versions_by_worker() -> dict[int, str]:
-                seen, deadline = {}, time.time() + 60
-                while len(seen) < 2:
-                    info = client.get("/v1/model").json()
-                    seen[info["worker_pid"]] = info["version"]
-                    assert time.time() < deadline, f"only worker(s) {list(seen)} answered"
-                return seen
-
-            body = {"user_id": user, "candidates": CANDIDATES, "request_ts_ms": now}
-            assert set(versions_by_worker().values()) == {old}
-            for _ in range(6):  # the rules, whichever worker answers
-                assert client.post("/v1/score", json=body).status_code == 200
-                nan = client.post("/v1/score", content=b'{"user_id": "u", "candidates": [], "request_ts_ms": NaN}')
-                assert nan.status_code == 422 and "request_ts_ms" in nan.text
-                big = client.post("/v1/score", content=(b"x" * 1000 for _ in range(10)))
-                assert big.status_code == 413
-                assert client.post("/v1/score", json={**body, "user_id": "x" * 257}).status_code == 422
-            r.client.set_registered_model_alias(reg.CTR, "champion", other)
-            deadline = time.time() + 60
-            while set(seen := versions_by_worker().values()) != {other}:
-                assert client.post("/v1/score", json=body).status_code == 200
-                assert time.time() < deadline, seen
+            yield client, url
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_several_workers_keep_every_rule_and_hot_swap(home):
+    """`genrank serve --workers 2`: each worker answers the 4xx rules and picks up a moved alias."""
+    r, old, other = _champion_and_another(home)
+    user, now = _a_user(home)
+    with _serving(home, GENRANK_SERVE_POLL_S="0.3", GENRANK_SERVE_MAX_BODY_BYTES="4000") as (client, _):
+        def versions_by_worker() -> dict[int, str]:
+            seen, deadline = {}, time.time() + 60
+            while len(seen) < 2:
+                info = client.get("/v1/model").json()
+                seen[info["worker_pid"]] = info["version"]
+                assert time.time() < deadline, f"only worker(s) {list(seen)} answered"
+            return seen
+
+        body = {"user_id": user, "candidates": CANDIDATES, "request_ts_ms": now}
+        assert set(versions_by_worker().values()) == {old}
+        for _ in range(6):  # the rules, whichever worker answers
+            assert client.post("/v1/score", json=body).status_code == 200
+            nan = client.post("/v1/score", content=b'{"user_id": "u", "candidates": [], "request_ts_ms": NaN}')
+            assert nan.status_code == 422 and "request_ts_ms" in nan.text
+            big = client.post("/v1/score", content=(b"x" * 1000 for _ in range(10)))
+            assert big.status_code == 413
+            assert client.post("/v1/score", json={**body, "user_id": "x" * 257}).status_code == 422
+        r.client.set_registered_model_alias(reg.CTR, "champion", other)
+        deadline = time.time() + 60
+        while set(seen := versions_by_worker().values()) != {other}:
+            assert client.post("/v1/score", json=body).status_code == 200
+            assert time.time() < deadline, seen
 
 
 def test_a_worker_freezes_what_it_loaded_at_start_up(home):
@@ -324,3 +338,120 @@ def test_without_a_champion_the_service_says_so(tmp_path):
         assert client.get("/healthz").status_code == 503
         resp = client.post("/v1/score", json={"history": [], "candidates": [{"ad_id": "x"}]})
     assert resp.status_code == 503 and "no genrank-ctr@champion" in resp.text
+
+
+def _samples(text: str) -> dict[tuple, float]:
+    """A /metrics exposition as {(sample name, sorted labels without pid): value}, summed over workers' pids."""
+    out: dict[tuple, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "pid")))
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def test_metrics_count_a_known_sequence_of_requests_and_the_log_holds_the_scored_ones(home, tmp_path):
+    user, now = _a_user(home)
+    body = {"user_id": user, "candidates": CANDIDATES, "request_ts_ms": now}
+    champion = str(reg.default_registry(home).by_alias(reg.CTR, "champion").version)
+    plog = tmp_path / "plog"
+    with _client(home, max_candidates=5, max_body_bytes=3000, prediction_log=plog) as client:
+        scored = [client.post("/v1/score", json={**body, "request_id": "req-1"}),
+                  client.post("/v1/score", json=body),
+                  client.post("/v1/score", json={**body, "user_id": None, "history": []})]
+        refused = [client.post("/v1/score", json={**body, "candidates": [{"ad_id": "x"}] * 6}),  # 422 too many
+                   client.post("/v1/score", content=b"{not json"),                                 # 422 malformed
+                   client.post("/v1/score", json={**body, "candidates": [{"ad_id": "x" * 700}] * 5}),  # 413
+                   client.post("/v1/score", json={**body, "user_id": "nobody"})]                   # 404
+        assert [r.status_code for r in scored + refused] == [200, 200, 200, 422, 422, 413, 404]
+        client.app.state.prediction_log.flush()
+        before = time.time()
+        metrics = _samples(client.get("/metrics").text)
+        after = time.time()
+    as_of = client.app.state.store.as_of
+    assert {k: v for k, v in metrics.items() if k[0] in ("genrank_serve_requests_total", "genrank_serve_errors_total")} == {
+        ("genrank_serve_requests_total", (("status", "200"),)): 3,
+        ("genrank_serve_requests_total", (("status", "422"),)): 2,
+        ("genrank_serve_requests_total", (("status", "413"),)): 1,
+        ("genrank_serve_requests_total", (("status", "404"),)): 1,
+        ("genrank_serve_errors_total", (("reason", "too_many_candidates"), ("status", "422"))): 1,
+        ("genrank_serve_errors_total", (("reason", "invalid_json"), ("status", "422"))): 1,
+        ("genrank_serve_errors_total", (("reason", "body_too_large"), ("status", "413"))): 1,
+        ("genrank_serve_errors_total", (("reason", "unknown_user"), ("status", "404"))): 1}
+    assert metrics[("genrank_serve_request_duration_seconds_count", ())] == 3
+    assert metrics[("genrank_serve_request_duration_seconds_bucket", (("le", "+Inf"),))] == 3
+    assert metrics[("genrank_serve_model_version", ())] == int(champion)
+    day_start = pd.Timestamp(as_of, tz="UTC").timestamp()
+    assert metrics[("genrank_serve_store_day_timestamp_seconds", ())] == day_start
+    assert before - day_start - 86400 <= metrics[("genrank_serve_store_staleness_seconds", ())] <= after - day_start - 86400
+    assert metrics[("genrank_serve_prediction_log_records_total", ())] == 3
+    assert not any(k[0] == "genrank_serve_prediction_log_dropped_total" for k in metrics)
+
+    logged = {r["request_id"]: r for r in read_day(plog, pd.Timestamp(now, unit="ms").date().isoformat())}
+    answers = {r.json()["request_id"]: r.json() for r in scored}
+    assert "req-1" in answers and set(logged) == set(answers)
+    for request_id, r in logged.items():
+        a = answers[request_id]
+        assert r["model_version"] == champion and r["ts_ms"] == now and r["latency_ms"] > 0
+        assert r["scores"] == [s["p"] for s in a["scores"]] and r["history_source"] == a["history_source"]
+        assert r["candidates"]["ad_id"] == ["ad-1", "12345"] and r["store_as_of"] == as_of
+        assert r["user_id"] == a["user_id"] and r["history_events"] == a["history_events"]
+
+
+def test_a_log_that_cannot_be_written_is_counted_as_drops_while_requests_are_scored(home, tmp_path):
+    user, now = _a_user(home)
+    blocked = tmp_path / "plog"
+    blocked.write_text("a file where the log's directory should be")
+    with _client(home, prediction_log=blocked) as client:
+        statuses = [client.post("/v1/score", json={"user_id": user, "candidates": CANDIDATES}).status_code
+                    for _ in range(3)]
+        client.app.state.prediction_log.flush()
+        metrics = _samples(client.get("/metrics").text)
+    assert statuses == [200] * 3
+    assert metrics[("genrank_serve_prediction_log_dropped_total", (("reason", "write_error"),))] == 3
+
+
+def test_replay_sends_a_landing_day_through_the_workers_and_metrics_and_log_add_up(home, tiny_pipeline, tmp_path):
+    """`genrank replay` against `genrank serve --workers 2`: the day's lines the events job quarantined are skipped
+    for the same reasons, every answer is counted once in /metrics whichever worker answers the scrape, and the
+    prediction log holds each scored request once."""
+    src = tiny_pipeline[0]
+    day = landing.complete_days(src)[-1]
+    found = day_requests(src, day)
+    quarantined = pd.read_parquet(src / "lake" / "quarantine" / f"date={day}").query("kind == 'impressions'")
+    rejected = {reason: n for reason, n in found.skipped.items() if reason != "duplicate_impression_id"}
+    assert rejected == quarantined["reason"].value_counts().to_dict()
+    assert len(found.bodies) > 60
+    plog = tmp_path / "plog"
+    with _serving(home, GENRANK_SERVE_PREDICTION_LOG=str(plog)) as (client, url):
+        out = subprocess.run([sys.executable, "-m", "pipelines.cli", "replay", "--day", day, "--url", url,
+                              "--home", str(src), "--max-requests", "60"], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+        sent, ok, c4xx, c5xx = map(int, re.search(r"sent (\d+)\s+ok (\d+)\s+4xx (\d+)\s+5xx (\d+)", out.stdout).groups())
+        assert (sent, ok + c4xx, c5xx) == (60, 60, 0) and ok > 0, out.stdout
+        assert f"not sent {len(found.bodies) - 60}" in out.stdout
+
+        deadline = time.time() + 60
+        while True:  # both workers' gauges, and every record written (the writers run beside the requests)
+            metrics = _samples(text := client.get("/metrics").text)
+            workers = {s.labels["pid"] for f in text_string_to_metric_families(text)
+                       if f.name == "genrank_serve_model_version" for s in f.samples}
+            if len(workers) == 2 and metrics.get(("genrank_serve_prediction_log_records_total", ())) == ok:
+                break
+            assert time.time() < deadline, (workers, metrics)
+            time.sleep(0.2)
+        for _ in range(4):  # whichever worker answers, the same sums
+            metrics = _samples(client.get("/metrics").text)
+            assert metrics[("genrank_serve_requests_total", (("status", "200"),))] == ok
+            assert sum(v for (name, labels), v in metrics.items()
+                       if name == "genrank_serve_requests_total" and labels[0][1].startswith("4")) == c4xx
+            assert metrics[("genrank_serve_request_duration_seconds_count", ())] == ok
+    records = read_day(plog, day)
+    sent_ids = [orjson.loads(b)["request_id"] for b in found.bodies[:60]]
+    assert len(records) == ok and len({r["request_id"] for r in records}) == ok
+    assert {r["request_id"] for r in records} <= set(sent_ids)
+    bodies = {orjson.loads(b)["request_id"]: orjson.loads(b) for b in found.bodies[:60]}
+    for r in records:  # the candidates as the ad server showed them, scored at the request's time
+        asked = bodies[r["request_id"]]
+        assert r["candidates"]["ad_id"] == [c["ad_id"] for c in asked["candidates"]]
+        assert r["ts_ms"] == asked["request_ts_ms"] and len(r["scores"]) == len(asked["candidates"])
