@@ -13,7 +13,7 @@ from pipelines import settings
 
 
 def world_config(preset: str, strengths: str | None = None, users: int | None = None, days: int | None = None,
-                 bias_logit: float | None = None):
+                 bias_logit: float | None = None, shift_day: str | None = None):
     """The preset's WorldConfig with the `simulate` options applied. ``strengths`` is
     ``name=value,...`` over the fields of transforms.simulator.world.Strengths (the click-logit effects)."""
     import dataclasses
@@ -36,13 +36,15 @@ def world_config(preset: str, strengths: str | None = None, users: int | None = 
     sizes = {k: v for k, v in {"n_users": users, "n_days": days, "bias_logit": bias_logit}.items() if v is not None}
     if any(v < 1 for k, v in sizes.items() if k != "bias_logit"):
         raise ValueError("--users and --days must be at least 1")
-    return dataclasses.replace(cfg, strengths=dataclasses.replace(cfg.strengths, **changes), **sizes)
+    # a shift day is checked against the simulated days by simulate()
+    return dataclasses.replace(cfg, strengths=dataclasses.replace(cfg.strengths, **changes), shift_day=shift_day,
+                               **sizes)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from transforms.simulator import simulate
 
-    config = world_config(args.preset, args.strengths, args.users, args.days, args.bias_logit)
+    config = world_config(args.preset, args.strengths, args.users, args.days, args.bias_logit, args.shift_day)
     report = simulate(preset=args.preset, seed=args.seed, out=args.out, config=config)
     print(report.summary())
     return 0
@@ -209,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=None, help="number of days (default: the preset's)")
     p.add_argument("--bias-logit", type=float, default=None,
                    help="the click logit's intercept, which sets the base rate (default: the preset's, -4.6)")
+    p.add_argument("--shift-day", default=None, metavar="YYYY-MM-DD",
+                   help="from this simulated day on the world drifts: a few categories trend and every ad shown "
+                        "comes from a new pool (what serving_monitor's drift check must catch on that day)")
     p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("import", help="convert a real public dataset into the landing format")

@@ -8,14 +8,14 @@ from pipelines import partitions, settings
 # the sensor's planning and every process this one starts see the same set (pipelines/partitions.py).
 partitions.pin_start_date(settings.genrank_home())
 
-from pipelines.assets import events, sequences, serving, training
+from pipelines.assets import events, monitoring, sequences, serving, training
 from pipelines.assets.raw_logs import raw_logs
 from pipelines.jobs import daily_job, daily_schedule, teacher_job
 from pipelines.resources import default_resources
 from pipelines.sensors import landing_sensor
 
 defs = dg.Definitions(
-    assets=[raw_logs, *dg.load_assets_from_modules([events, sequences, serving, training])],
+    assets=[raw_logs, *dg.load_assets_from_modules([events, sequences, serving, training, monitoring])],
     asset_checks=dg.load_asset_checks_from_modules([events, training]),
     jobs=[daily_job, teacher_job],
     schedules=[daily_schedule],

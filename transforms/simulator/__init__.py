@@ -81,6 +81,20 @@ def resolve_config(preset: str, **overrides) -> WorldConfig:
     return dataclasses.replace(PRESETS[preset], **overrides) if overrides else PRESETS[preset]
 
 
+def check_shift_day(shift_day: str | None, days: list[str]) -> None:
+    """A shift must fall on a simulated day after the first: the days before it are what it drifts from."""
+    if shift_day is None:
+        return
+    try:
+        dt.date.fromisoformat(shift_day)
+    except ValueError:
+        raise SimulationError(f"--shift-day {shift_day!r} is not an ISO date (YYYY-MM-DD)") from None
+    if shift_day not in days[1:]:
+        raise SimulationError(f"--shift-day {shift_day}: choose a simulated day after the first "
+                              f"({days[1] if len(days) > 1 else 'none: simulate at least 2 days'}"
+                              f"{'..' + days[-1] if len(days) > 2 else ''}), so the world has days to drift from")
+
+
 def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".genrank",
              config: WorldConfig | None = None) -> SimulationReport:
     started = time.perf_counter()
@@ -88,6 +102,7 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
     out = Path(out)
     days = [(dt.date.fromisoformat(cfg.start_date) + dt.timedelta(days=i)).isoformat() for i in range(cfg.n_days)]
     day_index = {d: i for i, d in enumerate(days)}
+    check_shift_day(cfg.shift_day, days)
     catalog = Catalog.build(cfg, seed)
 
     per_day: dict[str, dict[str, list[dict]]] = {d: {k: [] for k in landing.FILE_KINDS} for d in days}

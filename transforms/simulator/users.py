@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from transforms import landing
-from transforms.simulator.world import SURFACE_SHARE, SURFACE_SLOTS, Catalog, WorldConfig
+from transforms.simulator.world import SHIFT, SURFACE_SHARE, SURFACE_SLOTS, Catalog, WorldConfig
 
 HOUR_MS = 3_600_000
 SERVING_DELAY_MS = HOUR_MS  # the serving oracle sees nothing newer than this
@@ -98,7 +98,9 @@ def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserS
     request_no = 0
     last_item = -1
     for day in range(cfg.n_days):
-        day_start = landing.day_start_ms(_date(cfg.start_date, day))
+        date = _date(cfg.start_date, day)
+        day_start = landing.day_start_ms(date)
+        after_shift = cfg.shift_day is not None and date >= cfg.shift_day
         day_end = day_start + landing.DAY_MS
         n_sessions = int(rng.poisson(rate))
         hours = np.sort(rng.choice(24, size=n_sessions, p=HOUR_P))
@@ -106,6 +108,8 @@ def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserS
         for h in hours:
             start = max(day_start + int(h) * HOUR_MS + int(rng.integers(HOUR_MS)), next_free)
             session_cat = int(rng.choice(n_cat, p=interest)) if rng.random() < 0.85 else int(rng.integers(n_cat))
+            if after_shift and rng.random() < SHIFT.trend_share:  # drawn only after the shift: earlier days stay
+                session_cat = int(rng.choice(cat.shifted.trending))
             n_events = 1 + int(rng.poisson(cfg.events_per_session - 1))
             ts = start
             for _ in range(n_events):
@@ -115,7 +119,7 @@ def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserS
                 if rng.random() < cfg.ad_request_share:
                     request_no += 1
                     _ad_request(cfg, cat, rng, out, mem, user, device, request_no, ts, session_cat,
-                                log_interest, decay_ms, half_life_ms)
+                                log_interest, decay_ms, half_life_ms, after_shift)
                 else:
                     last_item = _behavior(cat, rng, out, mem, user, ts, session_cat, interest, last_item, st.repeat)
             next_free = ts + 60_000
@@ -129,13 +133,15 @@ def _date(start: str, offset: int) -> str:
 
 
 def _ad_request(cfg, cat: Catalog, rng, out: UserStream, mem: _Memory, user: int, device: str,
-                request_no: int, ts: int, session_cat: int, log_interest, decay_ms, half_life_ms) -> None:
+                request_no: int, ts: int, session_cat: int, log_interest, decay_ms, half_life_ms,
+                after_shift: bool) -> None:
     st = cfg.strengths
     surface = SURFACES[int(rng.choice(len(SURFACES), p=SURFACE_P))]
     slots = SURFACE_SLOTS[surface]
-    pool = cat.ads_by_category[session_cat]
+    popularity, by_category = cat.ad_pool(after_shift)
+    pool = by_category[session_cat]
     targeted = rng.random(slots) < cfg.targeting
-    ads = rng.choice(len(cat.ad_popularity), size=slots, p=cat.ad_popularity)
+    ads = rng.choice(len(popularity), size=slots, p=popularity)
     if pool.size:
         ads = np.where(targeted, rng.choice(pool, size=slots), ads)
     ad_cat = cat.ad_category[ads]

@@ -18,6 +18,7 @@ real left/center/right CTRs of the Open Bandit Dataset (random policy).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,6 +77,20 @@ class WorldConfig:
     bias_logit: float = -4.6
     strengths: Strengths = field(default_factory=Strengths)
     defects: DefectRates = field(default_factory=DefectRates)
+    shift_day: str | None = None            # from this day on the world drifts (WorldShift below); None: never
+
+
+@dataclass(frozen=True)
+class WorldShift:
+    """What changes from ``WorldConfig.shift_day`` on (``genrank simulate --shift-day D``): a few categories
+    become a trend that takes a share of every user's sessions, and every ad shown comes from a new pool
+    of ads (new ids, qualities and popularities) that no earlier day showed."""
+
+    trending_categories: int = 3
+    trend_share: float = 0.5   # probability that a session from the shift day on is about a trending category
+
+
+SHIFT = WorldShift()
 
 
 PRESETS: dict[str, WorldConfig] = {
@@ -115,11 +130,18 @@ class Catalog:
     ad_advertiser: np.ndarray
     ad_quality: np.ndarray
     ad_popularity: np.ndarray
-    ads_by_category: list[np.ndarray]
+    ads_by_category: list[np.ndarray]  # the ads shown before the shift (all of them without one)
     item_category: np.ndarray
     item_brand: np.ndarray
     items_by_category: list[np.ndarray]
     examination: dict[str, np.ndarray]
+    shifted: "ShiftedWorld | None" = None   # the ad pool and category trend from cfg.shift_day on
+
+    def ad_pool(self, after_shift: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(popularity over every ad id, ads of each category) that a request draws from."""
+        if after_shift and self.shifted is not None:
+            return self.shifted.ad_popularity, self.shifted.ads_by_category
+        return self.ad_popularity, self.ads_by_category
 
     @classmethod
     def build(cls, cfg: WorldConfig, seed: int) -> "Catalog":
@@ -138,7 +160,7 @@ class Catalog:
         item_category = rng.integers(0, c, cfg.n_items)
         item_brand = np.array([rng.choice(brands_by_category[k]) for k in item_category])
         popularity = rng.zipf(1.6, cfg.n_ads).astype(float)
-        return cls(
+        catalog = cls(
             ad_category=ad_category,
             ad_brand=ad_brand,
             ad_campaign=ad_campaign,
@@ -151,3 +173,32 @@ class Catalog:
             items_by_category=[np.flatnonzero(item_category == k) for k in range(c)],
             examination=examination_table(cfg.strengths.position_bias),
         )
+        return catalog if cfg.shift_day is None else catalog.with_shift(cfg, seed)
+
+    def with_shift(self, cfg: WorldConfig, seed: int) -> "Catalog":
+        """The catalog with a second pool of ``n_ads`` ads (ids n_ads..2 n_ads-1) for the days from the shift
+        on, drawn from their own random stream so that the days before the shift are the unshifted world's."""
+        rng = np.random.default_rng([seed, 0x5F7])
+        n, c = cfg.n_ads, cfg.n_categories
+        category = rng.integers(0, c, n)
+        # a new ad's brand and campaign are an old ad's of its category: brands belong to categories
+        donors = np.array([rng.choice(self.ads_by_category[k]) if self.ads_by_category[k].size else rng.integers(n)
+                           for k in category])
+        popularity = rng.zipf(1.6, n).astype(float)
+        shifted = ShiftedWorld(
+            ad_popularity=np.r_[np.zeros(n), popularity / popularity.sum()],
+            ads_by_category=[np.flatnonzero(category == k) + n for k in range(c)],
+            trending=rng.choice(c, size=SHIFT.trending_categories, replace=False))
+        return dataclasses.replace(
+            self, ad_category=np.r_[self.ad_category, category], ad_brand=np.r_[self.ad_brand, self.ad_brand[donors]],
+            ad_campaign=np.r_[self.ad_campaign, self.ad_campaign[donors]],
+            ad_advertiser=np.r_[self.ad_advertiser, self.ad_advertiser[donors]],
+            ad_quality=np.r_[self.ad_quality, rng.normal(0.0, cfg.strengths.quality, n)],
+            shifted=shifted)
+
+
+@dataclass
+class ShiftedWorld:
+    ad_popularity: np.ndarray          # over every ad id: zero on the old pool
+    ads_by_category: list[np.ndarray]  # the new pool's ads of each category
+    trending: np.ndarray               # the categories that trend

@@ -1,0 +1,155 @@
+"""serving_monitor (deploy/monitoring.py): a shifted tiny world drifts on its shift day and on no other, a day
+without a prediction log is "not served" without loading a model, cut or malformed log lines are
+quarantined with a reason, and a day scored by the real service shows no skew (a tampered score does)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import dagster as dg
+import orjson
+import pytest
+
+from deploy.monitoring import ERROR, PASS, QUARANTINE, input_drift, landing_impressions, monitor_day, read_log
+from transforms import landing
+from transforms.simulator import SimulationError, resolve_config, simulate
+
+TINY = resolve_config("tiny")
+
+
+@pytest.fixture(scope="module")
+def shifted_world(tmp_path_factory):
+    """The tiny world (seed 0) with its third day as the shift day: (root, report, shift day)."""
+    root = tmp_path_factory.mktemp("shifted")
+    shift = "2026-01-03"
+    report = simulate(preset="tiny", seed=0, out=root, config=dataclasses.replace(TINY, shift_day=shift))
+    return root, report, shift
+
+
+def _no_registry():
+    raise AssertionError("a day without a prediction log must not open the registry")
+
+
+def test_the_shift_changes_the_world_from_its_day_only(shifted_world, tiny_world):
+    root, report, shift = shifted_world
+    unshifted = tiny_world[0]
+    for day in report.days:
+        ads = landing_impressions(root, day)["ad_id"].astype(int)
+        if day < shift:  # the days before the shift are the unshifted world's, byte for byte
+            for path in sorted(landing.day_dir(root, day).iterdir()):
+                assert path.read_bytes() == (landing.day_dir(unshifted, day) / path.name).read_bytes(), path
+            assert (ads < TINY.n_ads).all()
+        else:            # every ad shown comes from the new pool
+            assert (ads >= TINY.n_ads).all() and len(ads) > 100
+
+
+@pytest.mark.parametrize("shift_day", ["2026-01-01", "2026-02-01", "January"])
+def test_a_shift_day_outside_the_world_after_its_first_day_is_refused(shift_day, tmp_path):
+    with pytest.raises(SimulationError, match="--shift-day"):
+        simulate(preset="tiny", out=tmp_path, config=dataclasses.replace(TINY, shift_day=shift_day))
+
+
+def test_drift_fires_on_the_shift_day_and_on_no_other(shifted_world, tiny_world):
+    root, report, shift = shifted_world
+    for world in (root, tiny_world[0]):
+        for before, day in zip(report.days, report.days[1:]):
+            drift = {f.feature: f for f in input_drift(world, day, [before])}
+            severities = {f.severity for f in drift.values()}
+            if world == root and day == shift:
+                assert drift["category_id"].severity == drift["new_ads"].severity == ERROR, drift
+            else:
+                assert severities == {PASS}, (world, day, drift)
+
+
+def test_a_day_without_a_log_is_not_served_and_its_run_succeeds(shifted_world, monkeypatch):
+    """The asset on the shift day of a world nobody served: no model is loaded, skew and calibration pass as
+    skipped, the landing's drift is an ERROR-severity check that does not fail the run."""
+    from pipelines.assets.monitoring import serving_monitor
+    from pipelines.resources import GenrankPaths, MlflowResource
+
+    root, _, shift = shifted_world
+    monkeypatch.setenv("GENRANK_SERVE_PREDICTION_LOG", str(root / "prediction_log"))
+    report = monitor_day(root, shift, root / "prediction_log", _no_registry)
+    assert not report.served and report.skew.compared_requests == 0 and report.calibration.empty
+    result = dg.materialize([serving_monitor], partition_key=shift, resources={
+        "paths": GenrankPaths(home=str(root)), "mlflow": MlflowResource(tracking_uri=f"sqlite:///{root}/absent.db")})
+    assert result.success
+    [mat] = result.asset_materializations_for_node("serving_monitor")
+    assert mat.metadata["served"].value is False and mat.metadata["logged_requests"].value == 0
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    assert checks["skew"].passed and checks["live_calibration"].passed
+    assert not checks["drift"].passed and checks["drift"].severity == dg.AssetCheckSeverity.ERROR
+    assert not (root / "mlflow.db").exists() and not (root / "absent.db").exists()
+
+
+def _record(day_ms: int, **changes) -> dict:
+    return {"request_id": "r1", "ts_ms": day_ms + 1000, "user_id": "u1", "history_source": "store",
+            "history_events": 3, "candidates": {"ad_id": ["a", "b"], "surface": ["feed", "feed"]},
+            "model_version": "1", "scores": [[0.1, 0.2], [0.3, 0.4]], "store_as_of": "2026-01-01",
+            "latency_ms": 1.5, "worker_pid": 7, **changes}
+
+
+def test_cut_and_malformed_log_lines_are_quarantined_with_a_reason_and_counted(tmp_path):
+    day = "2026-01-02"
+    start = landing.day_start_ms(day)
+    good = orjson.dumps(_record(start))
+    lines = [good, good[:40], b"[1, 2]", orjson.dumps({k: v for k, v in _record(start).items() if k != "scores"}),
+             orjson.dumps(_record(start, ts_ms="soon")), orjson.dumps(_record(start, scores=[[0.1, 0.2]])),
+             orjson.dumps(_record(start, scores=[[0.1, 2.0], [0.3, 0.4]])),
+             orjson.dumps(_record(start, ts_ms=start - 1)), b"", good]
+    folder = tmp_path / "log" / f"date={day}"
+    folder.mkdir(parents=True)
+    (folder / "predictions-1-abc-00001.jsonl").write_bytes(b"\n".join(lines))  # the last line is not terminated
+    got = read_log(tmp_path / "log", day, tmp_path / QUARANTINE)
+    assert len(got.records) == 2 and got.lines == 9
+    assert got.quarantined == {"malformed_json": 2, "missing_key": 1, "bad_type": 1, "bad_scores": 2, "wrong_day": 1}
+    quarantined = [orjson.loads(x) for x in (tmp_path / QUARANTINE / f"date={day}" / "quarantined.jsonl").read_bytes()
+                   .splitlines()]
+    assert [q["line"] for q in quarantined] == [2, 3, 4, 5, 6, 7, 8]
+    assert quarantined[0] == {"file": "predictions-1-abc-00001.jsonl", "line": 2, "reason": "malformed_json",
+                              "text": good[:40].decode()}
+
+
+@pytest.mark.slow
+def test_a_day_scored_by_the_service_has_no_skew_and_a_tampered_score_is_an_error(tiny_pipeline, tmp_path):
+    """The tiny run's champion serves the last day's first requests (the real app and prediction log, in
+    process); the monitor re-scores them offline from the registry and the lake: no skew, calibration joined
+    to the day's clicks. One served probability moved by 0.01 in the log is a skew ERROR."""
+    from fastapi.testclient import TestClient
+
+    from deploy.registry import Registry
+    from deploy.replay import day_requests
+    from deploy.service import ServiceConfig, create_app
+
+    src = tiny_pipeline[0]
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy2(src / "mlflow.db", home / "mlflow.db")   # artifacts stay where the run logged them
+    shutil.copytree(src / "online_store", home / "online_store")
+    for dataset in ("user_sequences", "training_samples"):
+        shutil.copytree(src / "lake" / dataset, home / "lake" / dataset)
+    shutil.copytree(src / "landing", home / "landing")
+    day = landing.complete_days(src)[-1]
+    plog = home / "prediction_log"
+    cfg = ServiceConfig(home=home, tracking_uri=f"sqlite:///{home / 'mlflow.db'}", threads=1, prediction_log=plog)
+    app = create_app(cfg, watch=False)
+    with TestClient(app) as client:
+        answers = [client.post("/v1/score", content=body) for body in day_requests(src, day).bodies[:40]]
+        app.state.prediction_log.flush()
+    scored = sum(a.status_code == 200 for a in answers)
+    assert scored >= 30, [a.text for a in answers if a.status_code != 200][:3]
+
+    registry = lambda: Registry(cfg.tracking_uri, src / "mlartifacts")  # noqa: E731
+    report = monitor_day(home, day, plog, registry)
+    assert report.served and report.skew.compared_requests == scored and report.skew.severity == PASS
+    assert report.skew.max_abs_diff <= report.skew.tolerance
+    assert report.calibration["n"].sum() == sum(len(orjson.loads(b)["candidates"]) for a, b in zip(
+        answers, day_requests(src, day).bodies[:40]) if a.status_code == 200) - report.log.quarantined.total()
+    [path] = (plog / f"date={day}").glob("*.jsonl")
+    lines = path.read_bytes().splitlines()
+    first = orjson.loads(lines[0])
+    first["scores"][0][0] = min(1.0, first["scores"][0][0] + 0.01) if first["scores"][0][0] < 0.99 else 0.5
+    path.write_bytes(b"\n".join([orjson.dumps(first), *lines[1:]]) + b"\n")
+    tampered = monitor_day(home, day, plog, registry)
+    assert tampered.skew.severity == ERROR and tampered.skew.max_abs_diff >= 0.0099
