@@ -307,9 +307,9 @@ def with_new_ads(frame: pd.DataFrame, before: set[str]) -> np.ndarray:
     return (~frame["ad_id"].isin(before)).to_numpy().astype(int)
 
 
-def input_drift(home: Path, day: str, reference: list[str]) -> list[FeatureDrift]:
-    """The landing features of D against the reference days (those that landed)."""
-    landed = set(_landed_days(home))
+def input_drift(home: Path, day: str, reference: list[str], landed: set[str]) -> list[FeatureDrift]:
+    """The landing features of D against the reference days (those of them in ``landed``, the complete
+    landing days)."""
     reference = [d for d in reference if d in landed]
     current = landing_impressions(home, day)
     if not reference:
@@ -332,12 +332,6 @@ def input_drift(home: Path, day: str, reference: list[str]) -> list[FeatureDrift
         flags = np.r_[with_new_ads(ref, seen_before), with_new_ads(current, set(ref["ad_id"]))]
         out.append(cluster_drift("new_ads", flags, cluster, is_current, one_sided_bin=1))
     return out
-
-
-def _landed_days(home: Path) -> list[str]:
-    from transforms import landing
-
-    return landing.complete_days(home)
 
 
 def log_drift(current: pd.DataFrame, reference: pd.DataFrame) -> list[FeatureDrift]:
@@ -440,16 +434,18 @@ def reference_window(day: str, registry, model_name: str, versions: list[str], d
     return sorted(days) or [_shift(day, -i) for i in range(default_days, 0, -1)]
 
 
-def monitor_day(home: Path, day: str, log_dir: Path | None, registry_factory, model_name: str = "genrank-ctr",
-                reference_days: int = 1, max_skew_requests: int = 500) -> MonitorReport:
-    """The three checks of day D. ``registry_factory()`` is called only when D was served."""
+def monitor_day(home: Path, day: str, landed: set[str], log_dir: Path | None, registry_factory,
+                model_name: str = "genrank-ctr", reference_days: int = 1,
+                max_skew_requests: int = 500) -> MonitorReport:
+    """The three checks of day D (``landed``: the complete landing days). ``registry_factory()`` is called only
+    when D was served."""
     home = Path(home)
     log = read_log(log_dir, day, home / "lake" / QUARANTINE)
     served = served_candidates(log.records)
     versions = sorted(served["model_version"].unique()) if log.served else []
     registry = registry_factory() if log.records else None
     window = reference_window(day, registry, model_name, versions, reference_days)
-    drift = input_drift(home, day, window)
+    drift = input_drift(home, day, window, landed)
     if not log.served:
         return MonitorReport(day, log, window, SkewResult(), drift, live_calibration(served, home), versions)
     logged_window = [r for d in window for r in parse_log(log_dir, d)[0].records]

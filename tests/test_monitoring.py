@@ -54,7 +54,7 @@ def test_drift_fires_on_the_shift_day_and_on_no_other(shifted_world, tiny_world)
     root, report, shift = shifted_world
     for world in (root, tiny_world[0]):
         for before, day in zip(report.days, report.days[1:]):
-            drift = {f.feature: f for f in input_drift(world, day, [before])}
+            drift = {f.feature: f for f in input_drift(world, day, [before], set(report.days))}
             severities = {f.severity for f in drift.values()}
             if world == root and day == shift:
                 assert drift["category_id"].severity == drift["new_ads"].severity == ERROR, drift
@@ -70,7 +70,7 @@ def test_a_day_without_a_log_is_not_served_and_its_run_succeeds(shifted_world, m
 
     root, _, shift = shifted_world
     monkeypatch.setenv("GENRANK_SERVE_PREDICTION_LOG", str(root / "prediction_log"))
-    report = monitor_day(root, shift, root / "prediction_log", _no_registry)
+    report = monitor_day(root, shift, set(landing.complete_days(root)), root / "prediction_log", _no_registry)
     assert not report.served and report.skew.compared_requests == 0 and report.calibration.empty
     result = dg.materialize([serving_monitor], partition_key=shift, resources={
         "paths": GenrankPaths(home=str(root)), "mlflow": MlflowResource(tracking_uri=f"sqlite:///{root}/absent.db")})
@@ -141,7 +141,7 @@ def test_a_day_scored_by_the_service_has_no_skew_and_a_tampered_score_is_an_erro
     assert scored >= 30, [a.text for a in answers if a.status_code != 200][:3]
 
     registry = lambda: Registry(cfg.tracking_uri, src / "mlartifacts")  # noqa: E731
-    report = monitor_day(home, day, plog, registry)
+    report = monitor_day(home, day, set(landing.complete_days(home)), plog, registry)
     assert report.served and report.skew.compared_requests == scored and report.skew.severity == PASS
     assert report.skew.max_abs_diff <= report.skew.tolerance
     assert report.calibration["n"].sum() == sum(len(orjson.loads(b)["candidates"]) for a, b in zip(
@@ -151,5 +151,5 @@ def test_a_day_scored_by_the_service_has_no_skew_and_a_tampered_score_is_an_erro
     first = orjson.loads(lines[0])
     first["scores"][0][0] = min(1.0, first["scores"][0][0] + 0.01) if first["scores"][0][0] < 0.99 else 0.5
     path.write_bytes(b"\n".join([orjson.dumps(first), *lines[1:]]) + b"\n")
-    tampered = monitor_day(home, day, plog, registry)
+    tampered = monitor_day(home, day, set(landing.complete_days(home)), plog, registry)
     assert tampered.skew.severity == ERROR and tampered.skew.max_abs_diff >= 0.0099

@@ -7,6 +7,7 @@ from deploy.monitoring import ERROR, PASS, WARN, monitor_day
 from pipelines import settings
 from pipelines.partitions import daily_partitions
 from pipelines.resources import GenrankPaths, MlflowResource
+from transforms import landing
 
 SEVERITY = {WARN: dg.AssetCheckSeverity.WARN, ERROR: dg.AssetCheckSeverity.ERROR}
 
@@ -30,9 +31,9 @@ class MonitorConfig(dg.Config):
 def serving_monitor(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: MlflowResource,
                     config: MonitorConfig) -> dg.MaterializeResult:
     day = context.partition_key
-    report = monitor_day(paths.root, day, settings.serve_prediction_log(paths.root),
-                         lambda: reg.Registry(mlflow.tracking_uri, paths.root / "mlartifacts"),
-                         reference_days=config.reference_days, max_skew_requests=config.max_skew_requests)
+    registry = lambda: reg.Registry(mlflow.tracking_uri, paths.root / "mlartifacts")  # noqa: E731 (served days only)
+    report = monitor_day(paths.root, day, set(landing.complete_days(paths.root)),
+                         settings.serve_prediction_log(paths.root), registry, reference_days=config.reference_days, max_skew_requests=config.max_skew_requests)
     skew, log = report.skew, report.log
     not_served = {"skipped": "not served: no prediction log for the day"} if not report.served else {}
     context.log.info(f"{day}: {'served' if report.served else 'not served'}, {len(log.records)} logged requests "
