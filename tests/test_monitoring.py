@@ -50,6 +50,18 @@ def test_a_shift_day_outside_the_world_after_its_first_day_is_refused(shift_day,
         simulate(preset="tiny", out=tmp_path, config=dataclasses.replace(TINY, shift_day=shift_day))
 
 
+def test_simulate_takes_a_shift_day_and_names_a_bad_one(tmp_path, capsys):
+    from pipelines.cli import main
+
+    assert main(["simulate", "--preset", "tiny", "--days", "2", "--shift-day", "2026-01-02",
+                 "--out", str(tmp_path / "ok")]) == 0
+    assert (landing_impressions(tmp_path / "ok", "2026-01-02")["ad_id"].astype(int) >= TINY.n_ads).all()
+    assert main(["simulate", "--preset", "tiny", "--shift-day", "2026-01-09", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "--shift-day 2026-01-09: choose a simulated day after the first (2026-01-02..2026-01-04)" in err
+    assert not (tmp_path / "bad" / "landing").exists()
+
+
 def test_drift_fires_on_the_shift_day_and_on_no_other(shifted_world, tiny_world):
     root, report, shift = shifted_world
     for world in (root, tiny_world[0]):
@@ -112,15 +124,14 @@ def test_cut_and_malformed_log_lines_are_quarantined_with_a_reason_and_counted(t
 
 
 @pytest.mark.slow
-def test_a_day_scored_by_the_service_has_no_skew_and_a_tampered_score_is_an_error(tiny_pipeline, tmp_path):
-    """The tiny run's champion serves the last day's first requests (the real app and prediction log, in
-    process); the monitor re-scores them offline from the registry and the lake: no skew, calibration joined
-    to the day's clicks. One served probability moved by 0.01 in the log is a skew ERROR."""
-    from fastapi.testclient import TestClient
-
+def test_a_day_replayed_through_the_service_has_no_skew_and_a_tampered_score_is_an_error(tiny_pipeline, tmp_path):
+    """`genrank serve --workers 2` with the tiny run's champion answers the last day's first 40 requests sent by
+    `replay` over HTTP; the monitor re-scores them offline from the registry and the lake: no skew, and every
+    served candidate joins a labelled impression for the calibration. One served probability moved by 0.01 in
+    the log is a skew ERROR."""
     from deploy.registry import Registry
-    from deploy.replay import day_requests
-    from deploy.service import ServiceConfig, create_app
+    from deploy.replay import day_requests, replay
+    from tests.deploy.test_service import _serving
 
     src = tiny_pipeline[0]
     home = tmp_path / "home"
@@ -132,24 +143,26 @@ def test_a_day_scored_by_the_service_has_no_skew_and_a_tampered_score_is_an_erro
     shutil.copytree(src / "landing", home / "landing")
     day = landing.complete_days(src)[-1]
     plog = home / "prediction_log"
-    cfg = ServiceConfig(home=home, tracking_uri=f"sqlite:///{home / 'mlflow.db'}", threads=1, prediction_log=plog)
-    app = create_app(cfg, watch=False)
-    with TestClient(app) as client:
-        answers = [client.post("/v1/score", content=body) for body in day_requests(src, day).bodies[:40]]
-        app.state.prediction_log.flush()
-    scored = sum(a.status_code == 200 for a in answers)
-    assert scored >= 30, [a.text for a in answers if a.status_code != 200][:3]
+    with _serving(home, GENRANK_SERVE_PREDICTION_LOG=str(plog)) as (_, url):
+        sent = replay(src, day, url, max_requests=40)
+    # the service has stopped: its workers drained their logs on the way out
+    scored = sent.count(200, 300)
+    assert sent.sent == 40 and scored >= 30, sent.summary()
+    ok_bodies = day_requests(src, day).bodies[:40]
 
-    registry = lambda: Registry(cfg.tracking_uri, src / "mlartifacts")  # noqa: E731
-    report = monitor_day(home, day, set(landing.complete_days(home)), plog, registry)
+    landed = set(landing.complete_days(home))
+    registry = lambda: Registry(f"sqlite:///{home / 'mlflow.db'}", src / "mlartifacts")  # noqa: E731
+    report = monitor_day(home, day, landed, plog, registry)
     assert report.served and report.skew.compared_requests == scored and report.skew.severity == PASS
     assert report.skew.max_abs_diff <= report.skew.tolerance
-    assert report.calibration["n"].sum() == sum(len(orjson.loads(b)["candidates"]) for a, b in zip(
-        answers, day_requests(src, day).bodies[:40]) if a.status_code == 200) - report.log.quarantined.total()
-    [path] = (plog / f"date={day}").glob("*.jsonl")
+    logged = {r["request_id"]: len(r["candidates"]["ad_id"]) for r in report.log.records}
+    assert len(logged) == scored and set(logged) <= {orjson.loads(b)["request_id"] for b in ok_bodies}
+    assert report.calibration["n"].sum() == sum(logged.values())
+
+    path = sorted((plog / f"date={day}").glob("*.jsonl"))[0]
     lines = path.read_bytes().splitlines()
     first = orjson.loads(lines[0])
-    first["scores"][0][0] = min(1.0, first["scores"][0][0] + 0.01) if first["scores"][0][0] < 0.99 else 0.5
+    first["scores"][0][0] += 0.01 if first["scores"][0][0] < 0.99 else -0.01
     path.write_bytes(b"\n".join([orjson.dumps(first), *lines[1:]]) + b"\n")
-    tampered = monitor_day(home, day, set(landing.complete_days(home)), plog, registry)
+    tampered = monitor_day(home, day, landed, plog, registry)
     assert tampered.skew.severity == ERROR and tampered.skew.max_abs_diff >= 0.0099
