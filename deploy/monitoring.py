@@ -193,10 +193,11 @@ def offline_scores(home: Path, registry, model_name: str, version: str, records:
     lake = home / "lake"
     days = sorted({r["store_as_of"] for r in records})
     available = sorted(p.name.removeprefix("date=") for p in (lake / "user_sequences").glob("date=*"))
+    wanted = {str(r["user_id"]) for r in records}
     histories: dict[str, dict] = {}
-    for as_of in days:  # each store day's state: the user's events of every partition up to it
-        histories[as_of] = {u: e for u, e in _lake_users(partition_files(lake, [d for d in available if d <= as_of]),
-                                                         key)}
+    for as_of in days:  # each store day's state: the logged users' events of every partition up to it
+        files = partition_files(lake, [d for d in available if d <= as_of])
+        histories[as_of] = {u: e for u, e in _lake_users(files, key) if u in wanted}
     out = []
     for r in records:
         cand = candidate_events(r["candidates"], r["ts_ms"], key)
