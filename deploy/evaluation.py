@@ -4,7 +4,9 @@
   score        the challenger and what it is compared with (the registry decides: the champion, the
                challenger itself after its own promotion, or the per-bucket CTR baseline before any
                champion) on D's samples under serving conditions, plus its ONNX graph's parity and latency
-  run_gates    deploy.gates.evaluate_gates on that evaluation
+  shadow_score the challenger's ONNX graph on the champion's logged requests of D (the prediction log of
+               `genrank serve`), rebuilt from the lake as the serving monitor's skew check rebuilds them
+  run_gates    deploy.gates.evaluate_gates and shadow_gates on that evaluation
   decide       approved / forced / refused, and why
   record       the decision on the version (tags, model card) and the evaluation's MLflow run
   write_gates  ``gates.json``, which the blocking gate checks read back (read_gates)
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -23,8 +25,9 @@ import numpy as np
 import pandas as pd
 
 from deploy import registry as reg
-from deploy.gates import GateConfig, GateResult, evaluate_gates
+from deploy.gates import GateConfig, GateResult, ShadowResult, evaluate_gates, shadow_gates
 from deploy.model_card import ctr_card
+from deploy.monitoring import lake_requests, parse_log, replayable
 from deploy.onnx_export import OnnxScorer, find_bundle, latency_p99_ms, parity
 from deploy.reports import calibration_figure, metrics_by_bucket
 from transforms.atomic import staged_file
@@ -40,6 +43,7 @@ class Evaluation:
     challenger_pred: pd.DataFrame
     latency_p99_ms: float        # nan: nothing measured
     onnx_max_abs_diff: float     # nan: nothing measured
+    shadow: ShadowResult = field(default_factory=lambda: ShadowResult(not_scored="shadow scoring was not run"))
 
 
 def out_of_time_metrics(pred: pd.DataFrame) -> dict:
@@ -82,11 +86,64 @@ def onnx_checks(model, folder: Path, samples: Path, n_requests: int) -> tuple[fl
     return parity(model, scorer, requests).max_abs_diff, latency_p99_ms(scorer, requests)
 
 
+def rank_correlation(served: np.ndarray, shadow: np.ndarray) -> float:
+    """Spearman's rho of two score columns over one request's candidates (average ranks for ties); nan when
+    it is undefined (fewer than two candidates, or one side's scores all tied)."""
+    from scipy.stats import rankdata
+
+    if len(served) < 2 or np.ptp(served) == 0 or np.ptp(shadow) == 0:
+        return float("nan")
+    return float(np.corrcoef(rankdata(served), rankdata(shadow))[0, 1])
+
+
+def compare_shadow(records: list[dict], shadow_scores: list[np.ndarray], latency_ms: float) -> ShadowResult:
+    """The challenger's ``shadow_scores`` (per record: candidates x buckets) against the champion's served scores
+    of the same logged ``records``: the mean over requests of the per-bucket mean Spearman rho, and per bucket the
+    challenger's mean predicted CTR over the champion's served mean."""
+    served = [np.asarray(r["scores"], float) for r in records]
+    buckets = min(s.shape[1] for s in served)
+    per_request = []
+    for a, b in zip(served, shadow_scores):
+        rhos = [rank_correlation(a[:, k], b[:, k]) for k in range(buckets)]
+        if not all(np.isnan(rhos)):
+            per_request.append(np.nanmean(rhos))
+    both = np.concatenate(served)[:, :buckets], np.concatenate(shadow_scores)[:, :buckets]
+    shift = {k: float(both[1][:, k].mean() / both[0][:, k].mean()) for k in range(buckets)}
+    return ShadowResult(len(records), len(both[0]), latency_ms,
+                        float(np.mean(per_request)) if per_request else float("nan"), len(per_request), shift)
+
+
+def champion_requests(log_dir: Path | None, day: str, champion_version: str, max_requests: int) -> list[dict]:
+    """The first ``max_requests`` (in time order) of the champion's logged requests of ``day`` that were scored
+    from the online store (their history can be rebuilt from the lake)."""
+    log, _ = parse_log(log_dir, day)
+    mine = [x for x in replayable(log.records) if x["model_version"] == champion_version]
+    return sorted(mine, key=lambda x: (x["ts_ms"], x["request_id"]))[:max_requests]
+
+
+def shadow_score(home: Path, r: reg.Registry, challenger_version: str, champion_version: str | None,
+                 log_dir: Path | None, day: str, max_requests: int) -> ShadowResult:
+    """The challenger on the champion's logged requests of ``day`` (the first ``max_requests`` in time order that
+    were scored from the online store: their history is rebuilt from the lake, deploy/monitoring.py): its p99
+    scoring time on that request mix and compare_shadow's rank correlation and mean shifts. No model is loaded
+    when there is nothing to score."""
+    if champion_version is None:
+        return ShadowResult(not_scored="no champion yet, so no logged requests to score")
+    if champion_version == challenger_version:
+        return ShadowResult(not_scored=f"the challenger is the champion v{champion_version} (a rerun after its "
+                                       "promotion)")
+    mine = champion_requests(log_dir, day, champion_version, max_requests)
+    if not mine:
+        return ShadowResult(not_scored=f"no logged requests of the champion v{champion_version} on {day}")
+    scorer, requests = lake_requests(Path(home), r, reg.CTR, challenger_version, mine)
+    return compare_shadow(mine, [scorer.score_tokens(t) for t in requests], latency_p99_ms(scorer, requests))
+
+
 def score(r: reg.Registry, challenger, champion, samples: Path, baseline: Callable[[], pd.DataFrame],
-          latency_requests: int) -> Evaluation:
+          latency_requests: int, shadow: ShadowResult) -> Evaluation:
     """Score ``challenger`` (a genrank-ctr model version) and its reference on ``samples``. The reference is
     the registry's answer, never a display string: ``champion`` when there is one (``itself`` when the
-    challenger already is the champion), else ``baseline()``'s predictions."""
+    challenger already is the champion), else ``baseline()``'s predictions. ``shadow``: shadow_score's result."""
     from models import load_model, predict
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,13 +159,14 @@ def score(r: reg.Registry, challenger, champion, samples: Path, baseline: Callab
             reference, name, kind = challenger_metrics, f"champion v{champion.version}", "itself"
         else:
             reference, name, kind = out_of_time_metrics(baseline()), "baseline", "baseline"
-    return Evaluation(challenger.version, name, kind, challenger_metrics, reference, challenger_pred, latency, onnx_diff)
+    return Evaluation(challenger.version, name, kind, challenger_metrics, reference, challenger_pred, latency, onnx_diff,
+                      shadow)
 
 
 def run_gates(evaluation: Evaluation, cfg: GateConfig) -> list[GateResult]:
     e = evaluation
     return evaluate_gates(e.challenger_metrics, e.reference_metrics, e.reference_name, e.latency_p99_ms,
-                          e.onnx_max_abs_diff, cfg, e.reference_kind)
+                          e.onnx_max_abs_diff, cfg, e.reference_kind) + shadow_gates(e.shadow, cfg)
 
 
 def decide(results: list[GateResult], force: bool) -> tuple[str, str]:
@@ -146,7 +204,7 @@ def record(r: reg.Registry, challenger, day: str, evaluation: Evaluation, result
     r.client.set_terminated(run_id)
     r.client.update_model_version(reg.CTR, challenger.version, description=ctr_card(
         challenger.version, challenger.tags, day, e.reference_name, e.challenger_metrics, e.reference_metrics, results,
-        decision, forced_by, run_id, f"#/experiments/{experiment}/runs/{run_id}"))
+        decision, forced_by, run_id, f"#/experiments/{experiment}/runs/{run_id}", e.shadow))
     return run_id
 
 

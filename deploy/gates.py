@@ -11,7 +11,7 @@ compared and why it passed or failed, so the refusal reason reaches the registry
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deploy.onnx_export import PARITY_TOLERANCE
 
@@ -30,6 +30,17 @@ class GateConfig:
     calibration_min_clicks: int = 20   # a bucket with fewer clicks is too noisy to judge
     latency_budget_ms: float = 50.0    # p99 scoring time of one request (CADET: p99 < 50 ms)
     parity_tolerance: float = PARITY_TOLERANCE  # max |p_onnx - p_torch|: the served graph must be the trained model
+    # Shadow scoring (the challenger on the champion's logged requests of D, deploy/evaluation.py shadow_score).
+    # Rank: Spearman's rho of the two models' scores over a request's candidates, per position bucket, averaged
+    # over the requests (per request, not pooled: the auction orders one request's candidates, and a pooled rho
+    # is inflated by the spread between users that both models see). A daily retrain re-orders the champion's
+    # ranking, it does not overturn it: below 0.5 the challenger would show most requests a different top
+    # slate than the evidence it was judged on offline ever saw served; an unrelated model is near 0, a reversed
+    # one near -1. The tiny world's next-day candidate against the champion: 0.9-1.0 (tests/test_shadow_scoring.py).
+    shadow_rank_floor: float = 0.5
+    # Challenger mean / champion served mean of the predicted CTR, per bucket: the same band as calibration, a
+    # challenger may move a bucket's mean as far as it may stand from the observed CTR.
+    shadow_shift_band: tuple[float, float] = (0.8, 1.25)
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,19 @@ class GateResult:
     observed: float
     threshold: float
     reason: str
+
+
+@dataclass(frozen=True)
+class ShadowResult:
+    """The challenger's ONNX graph on the champion's logged requests of D (deploy/evaluation.py shadow_score).
+    ``not_scored`` says why nothing was scored (then every other field is empty)."""
+    requests: int = 0
+    candidates: int = 0
+    latency_p99_ms: float = float("nan")
+    rank_correlation: float = float("nan")   # mean per-request Spearman rho over the buckets
+    ranked_requests: int = 0                  # requests with a defined rho (>= 2 candidates, scores not all tied)
+    mean_shift: dict = field(default_factory=dict)   # bucket -> challenger mean / champion served mean
+    not_scored: str | None = None
 
 
 def _fmt(x: float) -> str:
@@ -118,6 +142,44 @@ def evaluate_gates(challenger: dict, reference: dict, reference_name: str, laten
         "latency", bool(ok), latency_p99_ms, cfg.latency_budget_ms, unmeasured if math.isnan(latency_p99_ms) else
         f"p99 request scoring (onnxruntime) {latency_p99_ms:.1f} ms {'<=' if ok else 'not <='} budget "
         f"{cfg.latency_budget_ms} ms"))
+    return results
+
+
+SHADOW_GATES = ("shadow_latency", "shadow_rank", "shadow_calibration_shift")
+
+
+def shadow_gates(shadow: ShadowResult, cfg: GateConfig = GateConfig()) -> list[GateResult]:
+    """The gates on the challenger's shadow scoring. Not shadow-scored (no logged request of the champion on D:
+    nothing was served, as in every simulated run) passes the three with that reason. A rank correlation that
+    no request could define (single candidates, tied scores) is not judged and says so."""
+    if shadow.not_scored:
+        reason = f"not shadow-scored: {shadow.not_scored}"
+        return [GateResult(name, True, float("nan"), float("nan"), reason) for name in SHADOW_GATES]
+    on = f"on {shadow.requests} logged requests of the champion ({shadow.candidates} candidates)"
+    latency = shadow.latency_p99_ms
+    ok = latency <= cfg.latency_budget_ms
+    results = [GateResult(
+        "shadow_latency", bool(ok), latency, cfg.latency_budget_ms,
+        f"nothing timed {on}" if math.isnan(latency) else
+        f"p99 request scoring (onnxruntime) {latency:.1f} ms {on} {'<=' if ok else 'not <='} budget "
+        f"{cfg.latency_budget_ms} ms")]
+    rho, floor = shadow.rank_correlation, cfg.shadow_rank_floor
+    if math.isnan(rho):
+        results.append(GateResult("shadow_rank", True, rho, floor, f"NOT JUDGED: no request {on} has two "
+                                  "candidates with distinct scores to rank"))
+    else:
+        ok = rho >= floor
+        results.append(GateResult(
+            "shadow_rank", bool(ok), rho, floor,
+            f"mean per-request Spearman rho with the champion's served scores {rho:.4f} over "
+            f"{shadow.ranked_requests} ranked requests {on} {'>=' if ok else 'not >='} {floor}"))
+    lo, hi = cfg.shadow_shift_band
+    shifts = ", ".join(f"bucket {b}: {_fmt(r)}" for b, r in sorted(shadow.mean_shift.items()))
+    bad = [b for b, r in shadow.mean_shift.items() if not lo <= r <= hi]
+    worst = max(shadow.mean_shift.values(), key=lambda r: abs(math.log(r)) if r > 0 else math.inf, default=1.0)
+    results.append(GateResult(
+        "shadow_calibration_shift", not bad, worst, lo if worst < 1 else hi,
+        f"challenger / champion mean predicted CTR {on} {'outside' if bad else 'inside'} [{lo}, {hi}]: {shifts}"))
     return results
 
 

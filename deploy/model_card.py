@@ -2,8 +2,8 @@
 known (MLflow renders a version's description as Markdown on its page).
 
 A ``genrank-ctr`` card is rewritten once the version's gate decision is known: data window, teacher,
-code version, the out-of-time metrics against the reference it was compared with, every gate's value,
-threshold and verdict, the decision and who or what forced it, and the evaluation run with its plots.
+code version, the out-of-time metrics against the reference it was compared with, its shadow scoring on the
+champion's logged requests of the day (or why there was none), every gate's value, threshold and verdict, the decision and who or what forced it, and the evaluation run with its plots.
 A ``genrank-teacher`` card lists the out-of-time AUC of its cached logits per day as they are made.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from deploy.gates import GateResult
+from deploy.gates import GateResult, ShadowResult
 
 
 def _num(value) -> str:
@@ -25,8 +25,9 @@ def _num(value) -> str:
 
 def ctr_card(version: str, tags: Mapping[str, str], day: str, reference_name: str, challenger: Mapping[str, float],
              reference: Mapping[str, float], gates: list[GateResult], decision: str, forced_by: str | None,
-             evaluation_run: str, evaluation_link: str) -> str:
-    """The card of a genrank-ctr version judged on ``day`` (the day after the one it was trained on)."""
+             evaluation_run: str, evaluation_link: str, shadow: ShadowResult | None = None) -> str:
+    """The card of a genrank-ctr version judged on ``day`` (the day after the one it was trained on); ``shadow``:
+    its shadow scoring (None: none was run)."""
     buckets = sorted({k.split("_")[0] for k in challenger if k.startswith("bucket") and k.endswith("_calibration")})
     rows = [("AUC", "auc"), ("GAUC (per user)", "gauc"), ("log-loss", "logloss")]
     rows += [row for b in buckets for row in ((f"{b} predicted/observed CTR", f"{b}_calibration"),
@@ -42,6 +43,8 @@ def ctr_card(version: str, tags: Mapping[str, str], day: str, reference_name: st
         "|---|---|---|",
         *[f"| {label} | {_num(challenger.get(key))} | {_num(reference.get(key))} |" for label, key in rows],
         "",
+        *shadow_section(shadow),
+        "",
         "| gate | value | threshold | verdict |",
         "|---|---|---|---|",
         *[f"| {g.name} | {_num(float(g.observed))} | {_num(float(g.threshold))} | {'pass' if g.passed else 'FAIL'}: "
@@ -54,6 +57,23 @@ def ctr_card(version: str, tags: Mapping[str, str], day: str, reference_name: st
         "metrics_by_bucket.json, gates.txt.",
     ]
     return "\n".join(lines)
+
+
+def shadow_section(shadow: ShadowResult | None) -> list[str]:
+    """The card's "Shadow scoring" lines: the challenger on the champion's logged requests of the day."""
+    head = ["#### Shadow scoring", ""]
+    if shadow is None or shadow.not_scored:
+        return head + [f"Not shadow-scored: {shadow.not_scored if shadow else 'shadow scoring was not run'}."]
+    return head + [
+        f"This version's ONNX graph on {shadow.requests} logged requests of the champion ({shadow.candidates} "
+        "candidates), each rebuilt from the lake as the service saw it:",
+        "",
+        f"- **p99 scoring time** {_num(shadow.latency_p99_ms)} ms",
+        f"- **rank correlation** with the champion's served scores (mean per-request Spearman rho) "
+        f"{_num(shadow.rank_correlation)} over {shadow.ranked_requests} requests",
+        "- **mean predicted CTR, this version / the champion's served** "
+        + ", ".join(f"bucket {b} {_num(r)}" for b, r in sorted(shadow.mean_shift.items())),
+    ]
 
 
 def teacher_card(version: str, window: str, code_version: str, auc_by_day: Mapping[str, float], run_link: str) -> str:

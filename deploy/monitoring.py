@@ -174,10 +174,19 @@ class SkewResult:
         return ERROR if self.compared_candidates and not self.max_abs_diff <= self.tolerance else PASS
 
 
-def offline_scores(home: Path, registry, model_name: str, version: str, records: list[dict]) -> list[np.ndarray]:
-    """The version's ONNX graph from the registry on each record's request rebuilt from the lake."""
+def replayable(records: list[dict]) -> list[dict]:
+    """The records scored from the online store: their history can be rebuilt from the lake (an inline
+    history is not logged)."""
+    return [r for r in records if r["history_source"] == "store" and r.get("user_id") is not None
+            and r.get("store_as_of")]
+
+
+def lake_requests(home: Path, registry, model_name: str, version: str, records: list[dict]):
+    """(the version's ONNX scorer from the registry, each record's request rebuilt from the lake and tokenised
+    for that version): the logged candidates on the history the lake holds for the user as of the record's
+    store day, cut at its time. ``records`` are ``replayable``."""
     from deploy.event_codec import to_sample
-    from deploy.onnx_export import ONNX_FILE, OnnxScorer, find_bundle, request_arrays
+    from deploy.onnx_export import ONNX_FILE, OnnxScorer, find_bundle
     from deploy.sequence_store import _lake_users, partition_files
     from deploy.service import candidate_events
     from models.data import request_tokens
@@ -189,7 +198,6 @@ def offline_scores(home: Path, registry, model_name: str, version: str, records:
     bundle = find_bundle(folder)
     cfg = bundle.student_config()
     key = cfg.features.hash_key
-    scorer = OnnxScorer(bundle.onnx, threads=1)
     lake = home / "lake"
     days = sorted({r["store_as_of"] for r in records})
     available = sorted(p.name.removeprefix("date=") for p in (lake / "user_sequences").glob("date=*"))
@@ -198,20 +206,24 @@ def offline_scores(home: Path, registry, model_name: str, version: str, records:
     for as_of in days:  # each store day's state: the logged users' events of every partition up to it
         files = partition_files(lake, [d for d in available if d <= as_of])
         histories[as_of] = {u: e for u, e in _lake_users(files, key) if u in wanted}
-    out = []
+    requests = []
     for r in records:
         cand = candidate_events(r["candidates"], r["ts_ms"], key)
         hist = histories[r["store_as_of"]].get(str(r["user_id"]), cand.take(slice(0, 0)))  # none: the lake lacks it
         hist = hist.take(hist.ts <= r["ts_ms"])
-        tokens = request_tokens(to_sample(hist, cfg.features), to_sample(cand, cfg.features), cfg)
-        out.append(scorer.score(request_arrays(tokens)))
-    return out
+        requests.append(request_tokens(to_sample(hist, cfg.features), to_sample(cand, cfg.features), cfg))
+    return OnnxScorer(bundle.onnx, threads=1), requests
+
+
+def offline_scores(home: Path, registry, model_name: str, version: str, records: list[dict]) -> list[np.ndarray]:
+    """The version's ONNX graph from the registry on each record's request rebuilt from the lake."""
+    scorer, requests = lake_requests(home, registry, model_name, version, records)
+    return [scorer.score_tokens(t) for t in requests]
 
 
 def skew(home: Path, registry, model_name: str, records: list[dict], max_requests: int) -> SkewResult:
     result = SkewResult()
-    stored = [r for r in records if r["history_source"] == "store" and r.get("user_id") is not None
-              and r.get("store_as_of")]
+    stored = replayable(records)
     result.inline_requests = len(records) - len(stored)
     stored = sorted(stored, key=lambda r: (r["ts_ms"], r["request_id"]))[:max_requests]
     for version in sorted({r["model_version"] for r in stored}):

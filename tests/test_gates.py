@@ -1,6 +1,6 @@
 """Promotion gates: what passes, what is refused, and the reasons they give."""
 
-from deploy.gates import GateConfig, evaluate_gates
+from deploy.gates import SHADOW_GATES, GateConfig, ShadowResult, evaluate_gates, shadow_gates
 
 CHAMPION = {"auc": 0.70, "logloss": 0.20, "ctr": 0.05, "bucket0_calibration": 1.0, "bucket0_n": 2000,
             "bucket0_clicks": 100, "bucket0_calibration_se": 0.1, "bucket1_calibration": 1.1, "bucket1_n": 1000,
@@ -97,3 +97,39 @@ def test_zero_requests_measure_nothing_instead_of_zero():
     assert math.isnan(latency_p99_ms(None, []))
     report = parity(None, None, [])
     assert report.candidates == 0 and math.isnan(report.max_abs_diff) and not report.passed
+
+
+def _shadow(**changes) -> ShadowResult:
+    return ShadowResult(**{"requests": 40, "candidates": 200, "latency_p99_ms": 4.0, "rank_correlation": 0.9,
+                           "ranked_requests": 38, "mean_shift": {0: 1.05, 1: 0.95}, **changes})
+
+
+def test_a_faithful_fast_shadow_scoring_passes_the_three_shadow_gates():
+    gates = {g.name: g for g in shadow_gates(_shadow(), GateConfig(latency_budget_ms=50.0))}
+    assert set(gates) == set(SHADOW_GATES) and all(g.passed for g in gates.values()), gates
+    assert "p99 request scoring (onnxruntime) 4.0 ms on 40 logged requests of the champion (200 candidates)" \
+        in gates["shadow_latency"].reason
+    assert "Spearman rho with the champion's served scores 0.9000 over 38 ranked requests" in gates["shadow_rank"].reason
+    assert "inside [0.8, 1.25]: bucket 0: 1.0500, bucket 1: 0.9500" in gates["shadow_calibration_shift"].reason
+
+
+def test_slow_reordering_or_shifting_shadow_scores_fail_their_gates_with_reasons():
+    slow = {g.name: g for g in shadow_gates(_shadow(latency_p99_ms=51.0), GateConfig(latency_budget_ms=50.0))}
+    assert not slow["shadow_latency"].passed and "51.0 ms" in slow["shadow_latency"].reason
+    assert "not <= budget 50.0 ms" in slow["shadow_latency"].reason
+    reversed_ = {g.name: g for g in shadow_gates(_shadow(rank_correlation=-0.8))}
+    assert not reversed_["shadow_rank"].passed and "-0.8000" in reversed_["shadow_rank"].reason
+    assert "not >= 0.5" in reversed_["shadow_rank"].reason and reversed_["shadow_rank"].threshold == 0.5
+    assert {g.name: g.passed for g in shadow_gates(_shadow(rank_correlation=0.5))}["shadow_rank"]
+    shifted = {g.name: g for g in shadow_gates(_shadow(mean_shift={0: 1.0, 1: 0.7}))}["shadow_calibration_shift"]
+    assert not shifted.passed and (shifted.observed, shifted.threshold) == (0.7, 0.8) and "outside [0.8, 1.25]" in shifted.reason
+    assert "bucket 1: 0.7000" in shifted.reason
+    assert not {g.name: g for g in shadow_gates(_shadow(latency_p99_ms=float("nan")))}["shadow_latency"].passed
+
+
+def test_nothing_logged_passes_the_shadow_gates_with_that_reason():
+    gates = shadow_gates(ShadowResult(not_scored="no logged requests of the champion v3 on 2026-01-05"))
+    assert [g.name for g in gates] == list(SHADOW_GATES) and all(g.passed for g in gates)
+    assert {g.reason for g in gates} == {"not shadow-scored: no logged requests of the champion v3 on 2026-01-05"}
+    unranked = {g.name: g for g in shadow_gates(_shadow(rank_correlation=float("nan"), ranked_requests=0))}
+    assert unranked["shadow_rank"].passed and unranked["shadow_rank"].reason.startswith("NOT JUDGED")

@@ -30,7 +30,7 @@ from pydantic import Field
 
 from deploy import evaluation
 from deploy import registry as reg
-from deploy.gates import GateConfig, GateResult, teacher_gate
+from deploy.gates import SHADOW_GATES, GateConfig, GateResult, teacher_gate
 from deploy.model_card import teacher_card
 from deploy.onnx_export import OnnxScorer, find_bundle, parity, write_bundle
 from models.config import DEMO_SIZES, DEMO_STUDENT_SIZES, DEMO_TEACHER_SIZES, ModelSizes
@@ -41,7 +41,7 @@ from transforms import sequences
 from transforms.atomic import staged_dir
 
 GROUP = "models"
-GATES = ("auc", "logloss", "calibration", "onnx_parity", "latency")
+GATES = ("auc", "logloss", "calibration", "onnx_parity", "latency", *SHADOW_GATES)
 
 
 class ModelSizeConfig(dg.Config):
@@ -489,12 +489,17 @@ class EvaluationConfig(dg.Config):
     latency_budget_ms: float | None = None  # None: GENRANK_LATENCY_BUDGET_MS, read when the run starts
     latency_requests: int = 30   # day D's first user-days, scored one request at a time on the ONNX graph
     parity_tolerance: float = GateConfig.parity_tolerance
+    shadow_requests: int = 500   # the champion's logged requests of D the challenger shadow-scores (first in time)
+    shadow_rank_floor: float = GateConfig.shadow_rank_floor
+    shadow_shift_low: float = GateConfig.shadow_shift_band[0]
+    shadow_shift_high: float = GateConfig.shadow_shift_band[1]
     force: bool = False  # promote even if gates fail; recorded on the version
 
     def gate_config(self) -> GateConfig:
         budget = self.latency_budget_ms if self.latency_budget_ms is not None else settings.latency_budget_ms()
         return GateConfig(self.auc_tolerance, self.logloss_tolerance, (self.calibration_low, self.calibration_high),
-                          self.calibration_min_clicks, budget, self.parity_tolerance)
+                          self.calibration_min_clicks, budget, self.parity_tolerance, self.shadow_rank_floor,
+                          (self.shadow_shift_low, self.shadow_shift_high))
 
 
 def _gates_path(paths: GenrankPaths, day: str) -> Path:
@@ -505,7 +510,8 @@ def _gates_path(paths: GenrankPaths, day: str) -> Path:
     group_name=GROUP, partitions_def=daily_partitions(), deps=["training_samples"], pool="training",
     output_required=False,
     description="Yesterday's candidate and the current champion (or, before the first promotion, the "
-                "per-bucket historical-CTR baseline) scored on day D under serving conditions; the gates "
+                "per-bucket historical-CTR baseline) scored on day D under serving conditions, and the candidate "
+                "shadow-scored on the champion's logged requests of D (none logged: not shadow-scored); the gates "
                 "are blocking checks, so promotion only runs when all pass.",
 )
 def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, paths: GenrankPaths,
@@ -523,8 +529,11 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
         context.log.info(f"{day} has no target impressions (a declared-empty day): genrank-ctr v{challenger.version} "
                          f"of {yesterday} is not evaluated")
         return
-    scored = evaluation.score(r, challenger, r.by_alias(reg.CTR, "champion"), samples,
-                              lambda: sequences.bucket_ctr_baseline(paths.root, day), config.latency_requests)
+    champion = r.by_alias(reg.CTR, "champion")
+    shadow = evaluation.shadow_score(paths.root, r, challenger.version, champion.version if champion else None,
+                                     settings.serve_prediction_log(paths.root), day, config.shadow_requests)
+    scored = evaluation.score(r, challenger, champion, samples, lambda: sequences.bucket_ctr_baseline(paths.root, day),
+                              config.latency_requests, shadow)
     if scored.reference_kind == "itself":
         context.log.warning(f"genrank-ctr v{challenger.version} is already the champion (a rerun after its promotion): "
                             "the AUC and log-loss gates have nothing to compare")
@@ -541,7 +550,9 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
         "challenger_auc": scored.challenger_metrics["auc"], "reference_auc": scored.reference_metrics["auc"],
         "challenger_gauc": scored.challenger_metrics["gauc"], "challenger_logloss": scored.challenger_metrics["logloss"],
         "reference_logloss": scored.reference_metrics["logloss"], "latency_p99_ms": scored.latency_p99_ms,
-        "onnx_max_abs_diff": scored.onnx_max_abs_diff, "gates": dg.MetadataValue.path(str(gates_path)),
+        "onnx_max_abs_diff": scored.onnx_max_abs_diff,
+        "shadow_requests": shadow.requests, "shadow_rank_correlation": shadow.rank_correlation,
+        "shadow_latency_p99_ms": shadow.latency_p99_ms, "gates": dg.MetadataValue.path(str(gates_path)),
     })
 
 

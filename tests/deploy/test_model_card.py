@@ -40,3 +40,18 @@ def test_the_teacher_card_lists_its_logits_auc_per_day():
     card = teacher_card("2", "2026-01-01..2026-01-05", "abc", {"2026-01-07": 0.856, "2026-01-06": 0.854}, "#/e/1/runs/x")
     assert "trained on training_samples 2026-01-01..2026-01-05" in card
     assert card.index("| 2026-01-06 | 0.8540 |") < card.index("| 2026-01-07 | 0.8560 |")
+
+
+def test_the_ctr_card_has_a_shadow_scoring_section():
+    from deploy.gates import ShadowResult
+
+    shadow = ShadowResult(40, 212, 3.25, 0.93, 39, {0: 1.04, 1: 0.97})
+    card = ctr_card("5", TAGS, "2026-01-04", "champion v4", CHALLENGER, REFERENCE, _gates(True), "approved", None,
+                    "r9", "#/x", shadow)
+    section = card[card.index("#### Shadow scoring"):card.index("| gate |")]
+    assert "on 40 logged requests of the champion (212 candidates)" in section
+    assert "**p99 scoring time** 3.2500 ms" in section and "Spearman rho) 0.9300 over 39 requests" in section
+    assert "bucket 0 1.0400, bucket 1 0.9700" in section
+    unserved = ctr_card("5", TAGS, "2026-01-04", "champion v4", CHALLENGER, REFERENCE, _gates(True), "approved", None,
+                        "r9", "#/x", ShadowResult(not_scored="no logged requests of the champion v4 on 2026-01-04"))
+    assert "Not shadow-scored: no logged requests of the champion v4 on 2026-01-04." in unserved
