@@ -36,11 +36,15 @@ class GateConfig:
     # is inflated by the spread between users that both models see). A daily retrain re-orders the champion's
     # ranking, it does not overturn it: below 0.5 the challenger would show most requests a different top
     # slate than the evidence it was judged on offline ever saw served; an unrelated model is near 0, a reversed
-    # one near -1. The tiny world's next-day candidate against the champion: 0.9-1.0 (tests/test_shadow_scoring.py).
+    # one near -1. The tiny world's next-day candidate (v2) against its champion (v1) on 2026-01-04's 40 replayed
+    # requests: 0.91 (tests/test_shadow_scoring.py).
     shadow_rank_floor: float = 0.5
-    # Challenger mean / champion served mean of the predicted CTR, per bucket: the same band as calibration, a
-    # challenger may move a bucket's mean as far as it may stand from the observed CTR.
-    shadow_shift_band: tuple[float, float] = (0.8, 1.25)
+    # Challenger mean / champion served mean of the predicted CTR, per bucket. Two models that both pass the
+    # calibration band [0.8, 1.25] against the same traffic stand at most 1.25 / 0.8 apart: [0.64, 1.5625]. A
+    # larger move means one of them is miscalibrated on the real request mix, and the auction's bids jump with it.
+    # A band on the move alone would refuse a challenger that corrects a miscalibrated champion (the tiny world's
+    # v2 moves v1's bucket 1 by 0.73 and its bucket 0 by 1.11).
+    shadow_shift_band: tuple[float, float] = (0.8 / 1.25, 1.25 / 0.8)
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def test_a_faithful_fast_shadow_scoring_passes_the_three_shadow_gates():
     assert "p99 request scoring (onnxruntime) 4.0 ms on 40 logged requests of the champion (200 candidates)" \
         in gates["shadow_latency"].reason
     assert "Spearman rho with the champion's served scores 0.9000 over 38 ranked requests" in gates["shadow_rank"].reason
-    assert "inside [0.8, 1.25]: bucket 0: 1.0500, bucket 1: 0.9500" in gates["shadow_calibration_shift"].reason
+    assert "inside [0.64, 1.5625]: bucket 0: 1.0500, bucket 1: 0.9500" in gates["shadow_calibration_shift"].reason
 
 
 def test_slow_reordering_or_shifting_shadow_scores_fail_their_gates_with_reasons():
@@ -121,9 +121,10 @@ def test_slow_reordering_or_shifting_shadow_scores_fail_their_gates_with_reasons
     assert not reversed_["shadow_rank"].passed and "-0.8000" in reversed_["shadow_rank"].reason
     assert "not >= 0.5" in reversed_["shadow_rank"].reason and reversed_["shadow_rank"].threshold == 0.5
     assert {g.name: g.passed for g in shadow_gates(_shadow(rank_correlation=0.5))}["shadow_rank"]
-    shifted = {g.name: g for g in shadow_gates(_shadow(mean_shift={0: 1.0, 1: 0.7}))}["shadow_calibration_shift"]
-    assert not shifted.passed and (shifted.observed, shifted.threshold) == (0.7, 0.8) and "outside [0.8, 1.25]" in shifted.reason
-    assert "bucket 1: 0.7000" in shifted.reason
+    shifted = {g.name: g for g in shadow_gates(_shadow(mean_shift={0: 1.0, 1: 0.6}))}["shadow_calibration_shift"]
+    assert not shifted.passed and (shifted.observed, shifted.threshold) == (0.6, 0.64) and "outside [0.64, 1.5625]" in shifted.reason
+    assert "bucket 1: 0.6000" in shifted.reason
+    assert {g.name: g.passed for g in shadow_gates(_shadow(mean_shift={0: 1.56, 1: 0.65}))}["shadow_calibration_shift"]
     assert not {g.name: g for g in shadow_gates(_shadow(latency_p99_ms=float("nan")))}["shadow_latency"].passed
 
 
