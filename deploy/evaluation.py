@@ -89,11 +89,9 @@ def onnx_checks(model, folder: Path, samples: Path, n_requests: int) -> tuple[fl
 def rank_correlation(served: np.ndarray, shadow: np.ndarray) -> float:
     """Spearman's rho of two score columns over one request's candidates (average ranks for ties); nan when
     it is undefined (fewer than two candidates, or one side's scores all tied)."""
-    from scipy.stats import rankdata
-
     if len(served) < 2 or np.ptp(served) == 0 or np.ptp(shadow) == 0:
         return float("nan")
-    return float(np.corrcoef(rankdata(served), rankdata(shadow))[0, 1])
+    return float(np.corrcoef(pd.Series(served).rank(), pd.Series(shadow).rank())[0, 1])
 
 
 def compare_shadow(records: list[dict], shadow_scores: list[np.ndarray], latency_ms: float) -> ShadowResult:
