@@ -48,6 +48,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_STACK_MLFLOW_PORT": ("15000", "`genrank stack`: the MLflow tracking server's port"),
     "GENRANK_STACK_SPARK_PORT": ("17077", "`genrank stack`: the Spark master's port (its web UI on +1, the worker's on +2)"),
     "GENRANK_STACK_DAGSTER_PORT": ("13000", "`genrank stack`: dagster-webserver's port"),
+    "CI": ("(empty: not CI)", "`true` in CI (.ci/run sets it): a skipped test other than the CUDA ones fails the test run"),
 }
 # deploy.stack.Ports, in its field order
 STACK_PORTS = ("GENRANK_STACK_POSTGRES_PORT", "GENRANK_STACK_MLFLOW_PORT", "GENRANK_STACK_SPARK_PORT",
@@ -94,6 +95,11 @@ def latency_budget_ms() -> float:
 def train_procs() -> int:
     """GENRANK_TRAIN_PROCS: processes the student asset trains with (torchrun above 1)."""
     return int(env("GENRANK_TRAIN_PROCS", VARIABLES["GENRANK_TRAIN_PROCS"][0]))
+
+
+def ci() -> bool:
+    """CI: `true` where the test suite runs as CI (tests/conftest.py lets only the CUDA tests skip there)."""
+    return env("CI", "").lower() == "true"
 
 
 def tracking_uri(home: Path) -> str:

@@ -21,7 +21,30 @@ def pytest_configure(config):
     """dbt's manifest, current before any test loads the code location (which never parses it)."""
     from transforms.sequences import ensure_manifest
 
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU; the only tests that may skip in CI")
     ensure_manifest()
+
+
+def _fail_a_skip_in_ci(report, node) -> None:
+    """In CI (CI=true) a skip hides work a clean clone must do (the real-data tests: CI has ../shared/data),
+    so any skip but a CUDA test's fails the run, with the skip's reason."""
+    from pipelines import settings
+
+    if report.skipped and not hasattr(report, "wasxfail") and settings.ci() and node.get_closest_marker("cuda") is None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where only the CUDA tests may skip: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    _fail_a_skip_in_ci((yield).get_result(), item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A module skipped while it is collected (pytest.importorskip at its top)."""
+    _fail_a_skip_in_ci((yield).get_result(), collector)
 
 
 @pytest.fixture(scope="session")
