@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,23 @@ def pytest_make_collect_report(collector):
     _fail_a_skip_in_ci((yield).get_result(), collector)
 
 
+def copy_home(source: Path, dest: Path) -> Path:
+    """A copy of a genrank home that shares nothing with it: the MLflow store records its artifact locations
+    as absolute paths, so they are moved to the copy's, and a version the copy registers, or an artifact it
+    changes, stays in the copy."""
+    import sqlite3
+
+    shutil.copytree(source, dest)
+    old, new = f"file://{Path(source).resolve()}/", f"file://{Path(dest).resolve()}/"
+    with sqlite3.connect(dest / "mlflow.db") as con:
+        tables = [t for (t,) in con.execute("select name from sqlite_master where type = 'table'")]
+        for table in tables:
+            for column in [c[1] for c in con.execute(f"pragma table_info('{table}')")]:
+                con.execute(f'update "{table}" set "{column}" = replace("{column}", ?, ?) where "{column}" like ?',
+                            (old, new, old + "%"))
+    return dest
+
+
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory):
     """The `tiny` preset, seed 0, simulated once: (root, SimulationReport)."""
@@ -61,7 +79,8 @@ def tiny_world(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory):
     """`genrank run` over every day of a fresh tiny world (a subprocess, as a user runs it):
-    (home, SimulationReport, stdout). Tests that change the registry either restore it or work on a copy."""
+    (home, SimulationReport, stdout). Read-only: a test that changes the registry or the lake works on a
+    copy_home of it."""
     from transforms.simulator import simulate
 
     home = tmp_path_factory.mktemp("e2e")

@@ -15,6 +15,7 @@ import pytest
 from pipelines.assets import training
 from deploy import registry as reg
 from pipelines.resources import GenrankPaths, MlflowResource
+from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +23,12 @@ DAILY_ASSETS = ("events", "position_ctr", "position_buckets", "user_sequences", 
                 "item_stats", "user_stats")
 
 
-@pytest.fixture(scope="module")
-def pipeline_run(tiny_pipeline):
-    return tiny_pipeline
+@pytest.fixture
+def pipeline_run(tiny_pipeline, tmp_path):
+    """The session's run on a copy of its home: these tests register versions and move aliases, and the
+    session's home is what later tests (tests/stack) compare with."""
+    source, report, stdout = tiny_pipeline
+    return copy_home(source, tmp_path / "home"), report, stdout
 
 
 def _resources(home):

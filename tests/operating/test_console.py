@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
+from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +43,7 @@ def test_genrank_run_prints_its_own_lines_and_logs_the_libraries_to_a_file(tiny_
 
 def test_verbose_shows_the_library_logs_too(tiny_pipeline, tmp_path):
     source, report, _ = tiny_pipeline
-    home = tmp_path / "home"
-    shutil.copytree(source, home)
+    home = copy_home(source, tmp_path / "home")
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI")}
     day = report.days[0]
     out = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--home", str(home), "--start", day, "--end", day, "-v"],
