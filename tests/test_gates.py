@@ -97,3 +97,12 @@ def test_zero_requests_measure_nothing_instead_of_zero():
     assert math.isnan(latency_p99_ms(None, []))
     report = parity(None, None, [])
     assert report.candidates == 0 and math.isnan(report.max_abs_diff) and not report.passed
+
+
+def test_an_unknown_reference_kind_is_refused_naming_the_known_ones():
+    import pytest
+
+    from deploy.gates import REFERENCE_KINDS
+
+    with pytest.raises(ValueError, match="reference_kind 'champoin': one of " + ", ".join(REFERENCE_KINDS)):
+        _gates(CHAMPION, kind="champoin")

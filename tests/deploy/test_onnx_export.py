@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deploy.onnx_export import (PARITY_TOLERANCE, OnnxScorer, RequestScorer, export_onnx, find_bundle,
-                                request_arrays, torch_probs, write_bundle)
+                                latency_p99_ms, request_arrays, torch_probs, write_bundle)
 from models import preset
 from models.data import request_tokens, sample_from_frame
 from models.student import Student
@@ -123,6 +123,13 @@ def test_the_per_bucket_calibration_travels_in_the_graph(tmp_path):
     np.testing.assert_allclose(got, torch_probs(m, tokens), atol=PARITY_TOLERANCE)
     logit = lambda p: np.log(p / (1 - p))  # noqa: E731
     np.testing.assert_allclose(logit(got) - logit(raw), np.broadcast_to(shift.numpy(), raw.shape), atol=1e-3)
+
+
+def test_the_latency_of_real_requests_is_measured(exported):
+    """The latency gate's input on requests (its empty case, nothing measured, is in tests/test_gates.py)."""
+    m, scorer = exported
+    p99 = latency_p99_ms(scorer, [_request(m, seed, 50, 5, 2.0) for seed in range(3)], repeats=2)
+    assert np.isfinite(p99) and p99 > 0
 
 
 def test_scoring_flushes_denormals_only_while_the_graph_runs(exported):

@@ -225,3 +225,43 @@ def test_framework_groups_expectations_into_checks_and_specs():
     assert not results["toy_small"].passed and results["toy_small"].severity == dg.AssetCheckSeverity.WARN
     assert results["toy_small"].metadata["observed_value"].value == "400"
     assert "observed 400" in results["toy_small"].description
+
+
+def _set(index: int, **values):
+    return lambda data: data[index].update(values)
+
+
+# One defect each, for the expectations the test above does not reach: the check it fails, alone, and how.
+SINGLE_DEFECTS = {
+    "an unknown event kind": (_set(20, event_kind="click"), "events_keys_not_null", "expect_column_values_to_be_in_set", "event_kind"),
+    "a behavior without its action": (_set(20, action=None), "events_keys_not_null", "expect_column_values_to_not_be_null", "action"),
+    "an unknown surface": (_set(5, surface="banner"), "events_position_in_range", "expect_column_values_to_be_in_set", "surface"),
+    "a click before its impression": (lambda data: data[0].update(click_ts_ms=data[0]["ts_ms"] - 1), "events_ts_in_day",
+                                      "expect_column_pair_values_a_to_be_greater_than_b", None),
+    "a click time without a click": (lambda data: data[5].update(click_ts_ms=data[5]["ts_ms"] + 50), "events_label_binary",
+                                     "expect_column_values_to_be_null", "click_ts_ms"),
+    "a click without its time": (_set(0, click_ts_ms=None), "events_label_binary", "expect_column_values_to_not_be_null", "click_ts_ms"),
+    "a click type without a click": (_set(5, click_type="follow"), "events_label_binary", "expect_column_values_to_be_null", "click_type"),
+}
+
+
+@pytest.mark.parametrize("defect", sorted(SINGLE_DEFECTS))
+def test_one_defect_fails_its_check_alone_with_the_expectation_it_breaks(tmp_path, defect):
+    change, check, expectation, column = SINGLE_DEFECTS[defect]
+    data = rows()
+    change(data)
+    out = by_name(validate_events(write(tmp_path / "events", DAY, data), DAY, accounting=accounting(25, 20, 5)))
+    assert {k for k, o in out.items() if not o.passed} == {check}
+    [failure] = out[check].failures
+    assert failure.expectation == expectation and failure.unexpected_count == 1
+    assert column is None or failure.kwargs["column"] == column
+
+
+def test_without_the_jobs_accounting_the_partition_cannot_pass(tmp_path):
+    out = by_name(validate_events(write(tmp_path / "events", DAY, rows()), DAY))
+    assert not out["events_row_accounting"].passed
+    assert out["events_row_accounting"].summary() == "no row accounting was reported for this partition"
+    for name in ("events_quarantine_rate", "events_quarantine_warning"):
+        assert out[name].passed and "quarantine rates not evaluated" in out[name].summary()
+    empty = by_name(validate_events(write(tmp_path / "empty", DAY, []), DAY))["events_not_empty"]
+    assert not empty.passed and empty.summary() == f"no events in {tmp_path / 'empty' / f'date={DAY}'} (0 rows)"
