@@ -23,6 +23,7 @@ def pytest_configure(config):
     from transforms.sequences import ensure_manifest
 
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU; the only tests that may skip in CI")
+    config.addinivalue_line("markers", "breaks(*checks): the test makes these 'asset:check's fail (tests/test_check_map.py)")
     ensure_manifest()
 
 

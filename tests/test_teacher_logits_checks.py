@@ -56,12 +56,14 @@ def test_the_teacher_version_is_cached_as_a_string(home_with_logits):
     assert cached["teacher_version"].map(type).eq(str).all()
 
 
+@pytest.mark.breaks("teacher_logits:one_teacher_version")
 def test_a_partition_of_another_teacher_version_is_refused(home_with_logits):
     home, day = home_with_logits
     _tamper(home, day, lambda f: f.__setitem__("teacher_version", "7"))
     assert not _checks(home, day)["one_teacher_version"].passed
 
 
+@pytest.mark.breaks("teacher_logits:reproduced_by_teacher")
 def test_probabilities_the_teacher_does_not_reproduce_are_refused(home_with_logits):
     home, day = home_with_logits
     _tamper(home, day, lambda f: f.__setitem__("p", f["p"] * 0.99))
@@ -69,6 +71,7 @@ def test_probabilities_the_teacher_does_not_reproduce_are_refused(home_with_logi
     assert checks["one_teacher_version"].passed and not checks["reproduced_by_teacher"].passed
 
 
+@pytest.mark.breaks("teacher_logits:coverage")
 def test_a_target_without_cached_logits_fails_coverage(home_with_logits):
     home, day = home_with_logits
     dropped = []
@@ -83,6 +86,7 @@ def test_a_target_without_cached_logits_fails_coverage(home_with_logits):
     assert coverage.metadata["missing"].value == 1 and coverage.metadata["sample_missing"].value == dropped
 
 
+@pytest.mark.breaks("teacher_logits:finite")
 def test_a_non_finite_probability_fails_finite_and_only_it(home_with_logits):
     home, day = home_with_logits
     _tamper(home, day, lambda f: f.loc.__setitem__((0, "p"), float("nan")))
@@ -91,6 +95,7 @@ def test_a_non_finite_probability_fails_finite_and_only_it(home_with_logits):
     assert checks["coverage"].passed and checks["one_teacher_version"].passed
 
 
+@pytest.mark.breaks("teacher_logits:one_teacher_version", "teacher_logits:reproduced_by_teacher")
 def test_without_a_current_teacher_the_day_gets_no_logits_and_a_cache_is_refused(home_with_logits):
     home, day = home_with_logits
     from deploy import registry as reg

@@ -67,6 +67,11 @@ def test_clean_partition_passes_every_check(tmp_path):
     assert out["events_keys_not_null"].evaluated >= 10
 
 
+@pytest.mark.breaks("events:events_keys_not_null",
+                    "events:events_impression_id_unique",
+                    "events:events_position_in_range",
+                    "events:events_ts_in_day",
+                    "events:events_label_binary")
 def test_each_blocking_check_catches_its_defect_with_observed_value_and_sample_rows(tmp_path):
     data = rows()
     data[3]["position"] = 0                      # position out of range
@@ -99,6 +104,7 @@ def test_each_blocking_check_catches_its_defect_with_observed_value_and_sample_r
     assert not out["events_position_in_range"].passed and "max_value=3" in out["events_position_in_range"].summary()
 
 
+@pytest.mark.breaks("events:events_schema")
 def test_schema_check_catches_missing_column_and_wrong_type(tmp_path):
     types = dict(EVENT_COLUMNS, ts_ms="string")
     data = [dict(r, ts_ms=str(r["ts_ms"])) for r in rows()]
@@ -113,6 +119,7 @@ def test_schema_check_catches_missing_column_and_wrong_type(tmp_path):
     assert out2["events_schema"].failures[0].expectation == "expect_table_columns_to_match_set"
 
 
+@pytest.mark.breaks("events:events_not_empty")
 def test_empty_day_names_reason_and_count(tmp_path):
     path = write(tmp_path / "events", DAY, [])
     acc = {"impressions": {"input_lines": 40, "accepted": 0, "quarantined": 40, "duplicates": 0,
@@ -127,6 +134,7 @@ def test_empty_day_names_reason_and_count(tmp_path):
     assert out["events_row_accounting"].passed
 
 
+@pytest.mark.breaks("events:events_row_accounting")
 def test_row_accounting_that_does_not_close_is_blocking(tmp_path):
     path = write(tmp_path / "events", DAY, rows())
     acc = accounting(25, 20, 5)
@@ -139,6 +147,7 @@ def test_row_accounting_that_does_not_close_is_blocking(tmp_path):
     assert "holds 25 rows but the job accepted 30" in out2["events_row_accounting"].summary()
 
 
+@pytest.mark.breaks("events:events_ctr_drift", "events:events_volume_drop")
 def test_drift_warnings_ctr_volume_quarantine(tmp_path):
     base = tmp_path / "events"
     for k in range(1, 4):
@@ -159,6 +168,7 @@ def test_drift_warnings_ctr_volume_quarantine(tmp_path):
     assert "OUTSIDE" in out["events_ctr_drift"].summary()
 
 
+@pytest.mark.breaks("events:events_quarantine_rate", "events:events_quarantine_warning")
 def test_quarantine_shares_per_reason_and_per_file_warn_then_block(tmp_path):
     path = write(tmp_path / "events", DAY, rows(n_imps=20, n_beh=5))
     rates = QuarantineRates(per_reason=RateLimit(warn_above=0.02, block_above=0.10),
@@ -245,6 +255,10 @@ SINGLE_DEFECTS = {
 }
 
 
+@pytest.mark.breaks("events:events_keys_not_null",
+                    "events:events_position_in_range",
+                    "events:events_ts_in_day",
+                    "events:events_label_binary")
 @pytest.mark.parametrize("defect", sorted(SINGLE_DEFECTS))
 def test_one_defect_fails_its_check_alone_with_the_expectation_it_breaks(tmp_path, defect):
     change, check, expectation, column = SINGLE_DEFECTS[defect]
@@ -257,6 +271,7 @@ def test_one_defect_fails_its_check_alone_with_the_expectation_it_breaks(tmp_pat
     assert column is None or failure.kwargs["column"] == column
 
 
+@pytest.mark.breaks("events:events_not_empty", "events:events_row_accounting")
 def test_without_the_jobs_accounting_the_partition_cannot_pass(tmp_path):
     out = by_name(validate_events(write(tmp_path / "events", DAY, rows()), DAY))
     assert not out["events_row_accounting"].passed
