@@ -145,11 +145,18 @@ def test_backfilling_a_middle_range_recomputes_later_days(tmp_path, full_home):
 
 
 def test_metadata_reports_lengths_and_buckets(full_home):
-    _, result = full_home
+    home, result = full_home
     md = {m.event_specific_data.materialization.asset_key.to_user_string(): m.event_specific_data.materialization.metadata
           for m in result.get_asset_materialization_events()}
-    for key in ("samples", "targets", "history_len_mean", "history_len_p50", "history_len_p90", "history_len_max"):
-        assert key in md["training_samples"]
+    samples = {day: pd.read_parquet(home / "lake" / "training_samples" / f"date={day}") for day in DAYS}
+    reported = {k: md["training_samples"][k].value for k in ("samples", "targets", "history_len_mean", "history_len_max")}
+    last = samples[DAYS[-1]]
+    history = (pd.to_datetime(last["event_date"]) < pd.Timestamp(DAYS[-1])).groupby(last["user_id"]).sum()
+    assert reported == pytest.approx({   # samples and targets over the run's days, history lengths of its last day
+        "samples": sum(s["user_id"].nunique() for s in samples.values()),
+        "targets": sum(int(s["is_target"].sum()) for s in samples.values()),
+        "history_len_mean": history.mean(), "history_len_max": history.max()})
+    assert md["training_samples"]["history_len_p50"].value == pytest.approx(history.quantile(0.5))
     assert "| surface | position |" in md["position_buckets"]["buckets"].value
     checks = result.get_asset_check_evaluations()
     assert checks and all(c.passed for c in checks)
