@@ -77,11 +77,19 @@ def tiny_world(tmp_path_factory):
     return root, report
 
 
-@pytest.fixture(scope="session")
-def tiny_pipeline(tmp_path_factory):
-    """`genrank run` over every day of a fresh tiny world (a subprocess, as a user runs it):
-    (home, SimulationReport, stdout). Read-only: a test that changes the registry or the lake works on a
-    copy_home of it."""
+def _home_state(home: Path) -> tuple[list, list]:
+    """What a test may not change in a shared home: the registry's versions (tags, aliases) and the lake's files."""
+    from deploy import registry as reg
+
+    r = reg.default_registry(home)
+    versions = [r.client.get_model_version(name, v.version) for name in (reg.TEACHER, reg.CTR)
+                for v in r.client.search_model_versions(f"name = '{name}'")]
+    return (sorted((v.name, str(v.version), sorted(v.tags.items()), sorted(v.aliases)) for v in versions),
+            sorted((str(p.relative_to(home)), p.stat().st_size, p.stat().st_mtime_ns)
+                   for p in (home / "lake").rglob("*") if p.is_file()))
+
+
+def _run_tiny_pipeline(tmp_path_factory):
     from transforms.simulator import simulate
 
     home = tmp_path_factory.mktemp("e2e")
@@ -95,3 +103,15 @@ def tiny_pipeline(tmp_path_factory):
     print(out.stdout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return home, report, out.stdout
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory):
+    """`genrank run` over every day of a fresh tiny world (a subprocess, as a user runs it):
+    (home, SimulationReport, stdout). Read-only, so that no test depends on which ran before it: a test
+    that changes the registry or the lake works on a copy_home of it, and the session fails at its end if
+    the registry or the lake of this home changed."""
+    home, report, stdout = _run_tiny_pipeline(tmp_path_factory)
+    before = _home_state(home)
+    yield home, report, stdout
+    assert _home_state(home) == before, "a test changed the session's tiny_pipeline home: work on copy_home(home, ...)"
