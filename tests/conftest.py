@@ -1,4 +1,5 @@
-"""Shared fixtures: one simulated tiny world and one tiny pipeline run per test session."""
+"""Shared fixtures: one simulated tiny world and one tiny pipeline run per test session, a copy of a home
+for the tests that change one, and the CI rule that only the CUDA tests may skip."""
 
 from __future__ import annotations
 
@@ -53,11 +54,12 @@ def copy_home(source: Path, dest: Path) -> Path:
     """A copy of a genrank home that shares nothing with it: the MLflow store records its artifact locations
     as absolute paths, so they are moved to the copy's, and a version the copy registers, or an artifact it
     changes, stays in the copy."""
+    import contextlib
     import sqlite3
 
     shutil.copytree(source, dest)
     old, new = f"file://{Path(source).resolve()}/", f"file://{Path(dest).resolve()}/"
-    with sqlite3.connect(dest / "mlflow.db") as con:
+    with contextlib.closing(sqlite3.connect(dest / "mlflow.db")) as con, con:
         tables = [t for (t,) in con.execute("select name from sqlite_master where type = 'table'")]
         for table in tables:
             for column in [c[1] for c in con.execute(f"pragma table_info('{table}')")]:

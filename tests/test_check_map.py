@@ -86,6 +86,7 @@ def test_every_check_has_a_test_that_makes_it_fail():
 
 
 def test_every_dbt_test_is_broken_by_name():
+    """tests/test_dbt_tests_fail.py has a break for each of the project's dbt tests, and no other."""
     from tests.test_dbt_tests_fail import BREAKS
 
     assert set(BREAKS) == dbt_tests()
