@@ -338,19 +338,22 @@ def accept_pending(df: DataFrame) -> DataFrame:
 def attribute_clicks(df: DataFrame, window_ms: int) -> DataFrame:
     """Resolve every pending click against the accepted impressions (see module docstring).
 
-    Input: the frame after ``accept_pending``. Output: same rows, clicks decided, plus
-    ``imp_day`` (day of the matched impression, null when none).
+    Input: the frame after ``accept_pending``. Output: the pending clicks only, decided, plus
+    ``imp_day`` (day of the matched impression, null when none); ``with_clicks`` puts them back.
+    Only the impressions whose id some click names take part (a broadcast semi-join of the few
+    clicked ids), so the join and both windows run on click-sized data, never on the day's impressions.
     """
     clicks = df.filter((F.col("kind") == "clicks") & _pending())
-    rest = df.filter(~((F.col("kind") == "clicks") & _pending())).withColumn("imp_day", F.lit(None).cast("string"))
+    clicked_ids = clicks.select(F.col("impression_id").alias("c_impression_id")).distinct()
     imps = df.filter((F.col("kind") == "impressions") & (F.col("outcome") == ACCEPTED)).select(
         F.col("impression_id").alias("m_impression_id"),
         F.col("src_day").alias("imp_day"),
         F.col("ts_ms").alias("imp_ts"),
     )
+    imps = imps.join(F.broadcast(clicked_ids), F.col("m_impression_id") == F.col("c_impression_id"), "left_semi")
     same_or_prev = (F.col("imp_day") == F.col("src_day")) | (
         F.to_date("imp_day") == F.date_sub(F.to_date("src_day"), 1))
-    cand = clicks.join(imps, (F.col("impression_id") == F.col("m_impression_id")) & same_or_prev, "left")
+    cand = clicks.join(F.broadcast(imps), (F.col("impression_id") == F.col("m_impression_id")) & same_or_prev, "left")
     in_window = (F.col("imp_ts").isNotNull() & (F.col("ts_ms") >= F.col("imp_ts"))
                  & (F.col("ts_ms") <= F.col("imp_ts") + F.lit(window_ms)))
     cand = cand.withColumn("_in", F.coalesce(in_window, F.lit(False)))
@@ -371,8 +374,13 @@ def attribute_clicks(df: DataFrame, window_ms: int) -> DataFrame:
     cand = _decide(cand, F.col("_rank") == 1, ACCEPTED,
                    F.when(F.col("imp_day") == F.col("src_day"), F.lit("attributed")).otherwise(F.lit("attributed_previous_day")))
     cand = cand.withColumn("imp_day", F.when(F.col("outcome") == ACCEPTED, F.col("imp_day")))
-    cand = cand.drop("m_impression_id", "imp_ts", "_in", "_rank")
-    return rest.unionByName(cand)
+    return cand.drop("m_impression_id", "imp_ts", "_in", "_rank")
+
+
+def with_clicks(decided: DataFrame, clicks: DataFrame) -> DataFrame:
+    """Every line decided: ``decided`` with its pending clicks replaced by ``attribute_clicks``' output."""
+    rest = decided.filter(~((F.col("kind") == "clicks") & _pending())).withColumn("imp_day", F.lit(None).cast("string"))
+    return rest.unionByName(clicks)
 
 
 def decide_lines(parsed: DataFrame, shuffle_partitions: int = 4) -> DataFrame:
@@ -638,13 +646,14 @@ def run_events_job(
         saved = {k: spark.conf.get(k, None) for k in JOB_CONF}
         for k, v in JOB_CONF.items():
             spark.conf.set(k, v)
-        decided = None
+        decided = clicks = None
         try:
-            # Each file is read and parsed once, into the cached ``decided``; attribution (clicks
-            # against narrow impression keys) is cheap and recomputed by the counts and the writes.
+            # Each file is read and parsed once, into the cached ``decided``; the clicks are attributed
+            # once, into their own small cache; the counts and both writes read the two caches.
             decided = decide_lines(parse_lines(read_lines(spark, sources)), int(spark.conf.get("spark.sql.shuffle.partitions")))
             decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
-            resolved = attribute_clicks(decided, window_ms)
+            clicks = attribute_clicks(decided, window_ms).persist(StorageLevel.MEMORY_AND_DISK)
+            resolved = with_clicks(decided, clicks)
             try:
                 counts = ledger_counts(resolved).collect()
             except Exception as exc:  # a file Spark cannot decompress fails the day naming the file
@@ -656,8 +665,9 @@ def run_events_job(
             quarantine_path = write_partition(build_quarantine(resolved, day), lake / "quarantine", day,
                                               ("kind", "source_file", "line_no"), 1)
         finally:
-            if decided is not None:
-                decided.unpersist()
+            for frame in (clicks, decided):
+                if frame is not None:
+                    frame.unpersist()
             for k, v in saved.items():
                 if v is None:
                     spark.conf.unset(k)
