@@ -115,6 +115,9 @@ ENUM_KEYS: dict[str, tuple[str, ...]] = {
 ALL_KEYS = tuple(dict.fromkeys(k for kind in FILE_KINDS for k in REQUIRED_KEYS[kind] + OPTIONAL_KEYS[kind]))
 
 ACCEPTED, QUARANTINED, DUPLICATE, BLANK = "accepted", "quarantined", "duplicate", "blank"
+# Lines of the day before's impressions that no click of D names: they cannot change any outcome of
+# D's lines, so they are only counted (per file), never parsed, deduplicated or cached with fields.
+CONTEXT = "context"
 # Row rules, in the order they are decided (a line gets the first that applies).
 QUARANTINE_REASONS = ("malformed_json", "missing_key", "bad_type", "unknown_enum", "empty_id",
                       "position_out_of_range", "ts_out_of_range", "negative_dwell",
@@ -173,6 +176,26 @@ def read_lines(spark: SparkSession, sources: Sequence[SourceFile]) -> DataFrame:
     return out
 
 
+def set_aside_unclicked(lines: DataFrame, day: str) -> DataFrame:
+    """Add ``context``: true on the lines of D-1's impression files whose impression_id no click line
+    of D names.
+
+    Job D needs D-1's impressions only as the targets of D's late clicks (and of D-1's clicks that
+    compete with them for the same impression), so an impression no click of D names cannot change
+    an outcome of D. The test is ``get_json_object`` on the framed record, which reads an id as the
+    parse's map does (a string unescaped, a number as its JSON text); a line it keeps gets every rule,
+    a line it sets aside is only counted. D's click ids come from a broadcast of D's few click lines.
+    """
+    body = F.btrim("raw", F.lit(FRAMING))
+    named = (lines.filter((F.col("kind") == "clicks") & (F.col("src_day") == day))
+             .select(F.element_at(F.from_json(body, "map<string,string>"), F.lit("impression_id")).alias("named_id"))
+             .filter(F.col("named_id").isNotNull()).distinct())
+    prev = (F.col("kind") == "impressions") & (F.col("src_day") < day)
+    probe = F.when(prev, F.get_json_object(body, "$.impression_id"))
+    out = lines.withColumn("_probe", probe).join(F.broadcast(named), F.col("_probe") == F.col("named_id"), "left")
+    return out.withColumn("context", prev & F.col("named_id").isNull()).drop("_probe", "named_id")
+
+
 def _first(pairs):
     """CASE WHEN c1 THEN v1 WHEN c2 THEN v2 ... END (null when none holds)."""
     expr = None
@@ -199,7 +222,7 @@ def _parse_kind(lines: DataFrame, k_name: str) -> DataFrame:
     blocking events check enforces on one row is decided here, each with its own reason.
     """
     keys = REQUIRED_KEYS[k_name] + OPTIONAL_KEYS[k_name]
-    df = lines.filter(F.col("kind") == k_name).withColumn("body", F.btrim("raw", F.lit(FRAMING)))
+    df = lines.filter((F.col("kind") == k_name) & ~F.col("context")).withColumn("body", F.btrim("raw", F.lit(FRAMING)))
     df = df.withColumn("m", F.from_json("body", "map<string,string>"))
     m = F.col("m")
     # Extract every value once into its own column: the checks below reference each several times.
@@ -282,8 +305,14 @@ def parse_lines(lines: DataFrame) -> DataFrame:
     Adds the typed fields of all kinds (ids as strings), ``has_extra`` and, for invalid lines,
     ``outcome='quarantined'`` with ``reason``/``detail``; valid lines get ``outcome = null`` (pending).
     Reason precedence: malformed_json > missing_key > bad_type > bad_value (first key in contract order).
+    Lines ``set_aside_unclicked`` marked ``context`` are not parsed: they get ``outcome='context'``.
     """
-    parts = [_parse_kind(lines, k) for k in FILE_KINDS]
+    context = lines.filter(F.col("context")).select(
+        "src_day", "kind", "source_file", "line_no", F.lit(None).cast("string").alias("raw"),
+        F.lit(None).cast("bigint").alias("_h1"), F.lit(None).cast("int").alias("_h2"), F.lit(None).cast("int").alias("_len"),
+        *[F.lit(None).cast(_key_type(k)).alias(k) for k in ALL_KEYS], F.lit(False).alias("has_extra"),
+        F.lit(CONTEXT).alias("outcome"), *[F.lit(None).cast("string").alias(c) for c in ("reason", "detail")])
+    parts = [_parse_kind(lines, k) for k in FILE_KINDS] + [context]
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
@@ -313,7 +342,8 @@ def mark_duplicates(df: DataFrame, shuffle_partitions: int) -> DataFrame:
     """
     ok = _pending()
     copy_w = ["src_day", "kind", ok, "_h1", "_h2", "_len"]
-    imps = df.filter(F.col("kind") == "impressions").repartition(shuffle_partitions, "src_day", "impression_id")
+    context = F.col("outcome").eqNullSafe(CONTEXT)
+    imps = df.filter((F.col("kind") == "impressions") & ~context).repartition(shuffle_partitions, "src_day", "impression_id")
     imps = imps.withColumn("_copy", ok & (F.row_number().over(
         Window.partitionBy("src_day", "impression_id", *copy_w[1:]).orderBy("source_file", "line_no")) > 1))
     first = Window.partitionBy("src_day", "impression_id", ok, "_copy").orderBy("ts_ms", "source_file", "line_no")
@@ -321,7 +351,8 @@ def mark_duplicates(df: DataFrame, shuffle_partitions: int) -> DataFrame:
     others = df.filter(F.col("kind") != "impressions")
     others = others.withColumn("_copy", ok & (F.row_number().over(
         Window.partitionBy(*copy_w).orderBy("source_file", "line_no")) > 1)).withColumn("_relog", F.lit(False))
-    out = _decide(imps.unionByName(others), F.col("_copy"), DUPLICATE, "duplicate_line")
+    aside = df.filter(context).withColumn("_copy", F.lit(False)).withColumn("_relog", F.lit(False))
+    out = _decide(imps.unionByName(others).unionByName(aside), F.col("_copy"), DUPLICATE, "duplicate_line")
     return _decide(out, F.col("_relog"), DUPLICATE, "duplicate_impression_id").drop("_copy", "_relog", "_h1", "_h2", "_len")
 
 
@@ -650,7 +681,7 @@ def run_events_job(
         try:
             # Each file is read and parsed once, into the cached ``decided``; the clicks are attributed
             # once, into their own small cache; the counts and both writes read the two caches.
-            decided = decide_lines(parse_lines(read_lines(spark, sources)), int(spark.conf.get("spark.sql.shuffle.partitions")))
+            decided = decide_lines(parse_lines(set_aside_unclicked(read_lines(spark, sources), day)), int(spark.conf.get("spark.sql.shuffle.partitions")))
             decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
             clicks = attribute_clicks(decided, window_ms).persist(StorageLevel.MEMORY_AND_DISK)
             resolved = with_clicks(decided, clicks)
