@@ -75,10 +75,13 @@ regex on the raw line tells ``"ts_ms":"123"`` from ``"ts_ms":123``); ids are opa
 counted (``extra_field``).
 
 Execution: each landing file is read and parsed once, in the pass that also counts its lines (the
-counts are checked against ``_SUCCESS`` afterwards; no Python pre-pass decompresses the files). The
-deduplicated lines are cached (MEMORY_AND_DISK; raw text only on lines the quarantine may need) and
-read by the counts and both writes. Impressions take one shuffle by (day, impression_id) for both
-duplicate rules; attribution joins the few clicks to narrow impression keys, and the winners are
+counts are checked against ``_SUCCESS`` afterwards; no Python pre-pass decompresses the files). D-1's
+impression lines whose impression_id no click of D names are only counted (``context``): they cannot
+change an outcome of D, so they skip the parse and the rules. The deduplicated lines are cached
+(MEMORY_AND_DISK; raw text only on lines the quarantine may need). Impressions take one shuffle by
+(day, impression_id) for both duplicate rules. The clicks are attributed once, into a small cache of
+their own, against only the impressions some click names (a broadcast of the clicked ids, then of
+those impressions' keys); the counts and both writes read the two caches, and the winners are
 broadcast onto the impressions. A file Spark cannot decompress fails the day with a ``LandingError``
 naming it (``genrank landing quarantine-file`` releases the day).
 
