@@ -14,7 +14,9 @@ there), then, on ``--master`` (default local[2]) with the default driver memory:
    counted, and D's lines parsed by ``from_json`` into a map (the job's first step, none of its rules);
    each printed as a ratio to the job;
 3. the job over 1, 3 and 7 consecutive days: seconds per day stays flat when the growth is linear;
-4. the peak RSS of the Spark driver JVM (VmHWM) and of this Python process.
+4. the peak RSS of the Spark driver JVM (VmHWM) and of this Python process;
+5. the driver JVM's CPU seconds for the job and for both floors: on a shared machine the wall times
+   depend on what else runs, the CPU seconds much less (on local[*] the driver JVM does all the work).
 
 Figures go to stdout and, with ``--write``, to benchmarks/RESULTS.spark.md (a scratch copy; the recorded
 figures live in benchmarks/RESULTS.md).
@@ -139,21 +141,30 @@ def duckdb_same_output(home: Path, day: str, out: Path, threads: int) -> float:
     return time.perf_counter() - t0
 
 
-def spark_floor_s(spark, files: list[Path]) -> tuple[float, float]:
-    """Seconds (best of 2 after a warm-up) for Spark to read the files as text and count the lines, and to
-    parse every line with ``from_json(..., 'map<string,string>')`` and count the objects."""
+def jvm_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (/proc/PID/stat), all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(action, jvm_pid: int) -> tuple[float, float]:
+    """(wall seconds, Spark driver JVM CPU seconds) of one call: the CPU figure holds on a shared
+    machine, where the wall time depends on what else runs."""
+    t0, c0 = time.perf_counter(), jvm_cpu_s(jvm_pid)
+    action()
+    return time.perf_counter() - t0, jvm_cpu_s(jvm_pid) - c0
+
+
+def spark_floor_s(spark, files: list[Path], jvm_pid: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(wall s, JVM CPU s) (the faster of 2 after a warm-up) for Spark to read the files as text and count
+    the lines, and to parse every line with ``from_json(..., 'map<string,string>')`` and count the objects."""
     from pyspark.sql import functions as F
 
     paths = [str(f) for f in files]
 
-    def best(action) -> float:
+    def best(action) -> tuple[float, float]:
         action()
-        out = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            action()
-            out.append(time.perf_counter() - t0)
-        return min(out)
+        return min(timed(action, jvm_pid) for _ in range(2))
 
     read = best(lambda: spark.read.text(paths).count())
     parse = best(lambda: spark.read.text(paths).select(F.from_json("value", "map<string,string>").alias("m"))
@@ -199,17 +210,19 @@ def main(argv: list[str] | None = None) -> int:
     print(warm.summary())
     mismatch = manifest_mismatches(manifest["files"][day], warm)
     print("quarantine/duplicate counts vs the simulator manifest:", "exact match" if not mismatch else mismatch)
-    times = []
+    times, cpus = [], []
     for rep in range(args.repeats):
-        times.append(run_events_job(spark, home, day).duration_s)
-        print(f"  run {rep + 1}: {times[-1]:.2f} s, {lines_d / times[-1]:,.0f} lines/s", flush=True)
-    job_s = statistics.median(times)
+        wall, cpu = timed(lambda: run_events_job(spark, home, day), jvm_pid)
+        times.append(wall)
+        cpus.append(cpu)
+        print(f"  run {rep + 1}: {wall:.2f} s, {lines_d / wall:,.0f} lines/s, {cpu:.1f} s of driver JVM CPU", flush=True)
+    job_s, job_cpu = statistics.median(times), statistics.median(cpus)
 
     duck_out = home / "bench-duckdb-events.parquet"
     duck_s = duckdb_same_output(home, day, duck_out, threads=2)
     day_files = sorted((home / "landing" / f"date={day}").glob("*.jsonl.gz"))
     parsed, orjson_s = gzip_orjson_lines_per_s(day_files)
-    read_s, parse_s = spark_floor_s(spark, day_files)
+    (read_s, read_cpu), (parse_s, parse_cpu) = spark_floor_s(spark, day_files, jvm_pid)
 
     growth = []
     for n in [int(x) for x in args.growth.split(",") if x]:
@@ -233,9 +246,12 @@ def main(argv: list[str] | None = None) -> int:
         (f"Spark floor: from_json map<string,string> of D's lines ({args.master})", parse_s, lines_d / parse_s,
          job_s / parse_s),
     ]
+    cpu_rows = [("events job", job_cpu), ("floor: read as text + count", read_cpu), ("floor: from_json map", parse_cpu)]
     print("\nresults (day D)")
     for name, sec, rate, ratio in rows:
         print(f"  {name:70s} {sec:7.2f} s  {rate:>10,.0f} lines/s  job time / this: x{ratio:.2f}")
+    print("  driver JVM CPU seconds (all cores): " + ", ".join(
+        f"{name} {cpu:.1f} s (job / this x{job_cpu / cpu:.2f})" for name, cpu in cpu_rows))
     if growth:
         base = growth[0][2] / growth[0][0]
         print("  growth: " + ", ".join(f"{n} d {t:.1f} s ({t / n / base:.2f} x the 1-day time per day)" for n, _, t in growth))
@@ -262,6 +278,9 @@ Master {args.master}, spark.driver.memory={driver_memory}; median of {args.repea
 | days | input lines | s | s/day | s/day vs 1 day |
 |---|---|---|---|---|
 {grow}
+
+Driver JVM CPU seconds (all cores; what the wall times above become on a machine shared with other
+work): {"; ".join(f"{name} {cpu:.1f} s (job / this x{job_cpu / cpu:.2f})" for name, cpu in cpu_rows)}.
 
 Peak RSS: Spark driver JVM {jvm_rss:,.0f} MiB, Python {py_rss:,.0f} MiB. Load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}
 on {os.cpu_count()} cores (shared machine).

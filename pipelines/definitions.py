@@ -16,7 +16,7 @@ from pipelines.sensors import landing_sensor
 
 defs = dg.Definitions(
     assets=[raw_logs, *dg.load_assets_from_modules([events, sequences, serving, training, monitoring])],
-    asset_checks=dg.load_asset_checks_from_modules([events, training]),
+    asset_checks=dg.load_asset_checks_from_modules([events, sequences, training]),
     jobs=[daily_job, teacher_job],
     schedules=[daily_schedule],
     sensors=[landing_sensor],

@@ -22,8 +22,9 @@ CURVES = (("oracle_auc", "oracle (serving visibility)"), ("teacher_auc", "teache
 def write_run_report(folder: Path, stamp: str, days: list, champion: str, tracking_uri: str) -> Path:
     """The report's path; raises OSError when the folder cannot be written (the caller warns)."""
     folder.mkdir(parents=True, exist_ok=True)
-    plot = folder / f"run-{stamp}-auc.png"
+    plot, monitoring = folder / f"run-{stamp}-auc.png", folder / f"run-{stamp}-monitoring.png"
     _auc_plot(days, plot)
+    _monitoring_plot(days, monitoring)
     run_id = _log_to_mlflow(tracking_uri, stamp, plot)
     lines = [f"# genrank run {stamp}", "", f"**{champion}**", "",
              "| day | status | " + " | ".join(title for _, title in COLUMNS) + " |",
@@ -34,10 +35,12 @@ def write_run_report(folder: Path, stamp: str, days: list, champion: str, tracki
         if d.error and d.status == "FAILED":
             lines.append(f"| | error | {d.error.replace('|', '/')[:300]} |" + " |" * (len(COLUMNS) - 1))
     lines += ["", f"![AUC per day against the oracle]({plot.name})", "",
+              f"![Serving monitor per day: skew, drift, live calibration]({monitoring.name})", "",
               f"MLflow: experiment `genrank-runs`, run `{run_id}` ({tracking_uri})" if run_id else ""]
     report = folder / f"run-{stamp}.md"
     report.write_text("\n".join(lines) + "\n")
     if run_id:
+        _log_artifact(tracking_uri, run_id, monitoring)
         _log_artifact(tracking_uri, run_id, report)
     return report
 
@@ -69,6 +72,57 @@ def _auc_plot(days: list, path: Path) -> None:
     ax.tick_params(axis="x", rotation=45)
     ax.grid(alpha=0.3)
     ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def monitoring_series(days: list) -> dict[str, list[float]]:
+    """serving_monitor per day, one series per check: ``skew`` (max |served - offline|) and ``bucket K``
+    (live predicted / observed CTR) on days the service logged, nan otherwise; ``psi``, the largest PSI of
+    any input or of the predictions (the landing inputs are measured on every day)."""
+    def served(day, value) -> float:
+        return float(value) if day.monitor.get("served") and isinstance(value, (int, float)) else float("nan")
+
+    def largest(table) -> float:
+        values = [row["psi"] for row in (table or {}).values() if isinstance(row.get("psi"), (int, float))]
+        return max(values) if values else float("nan")
+
+    series = {"skew": [served(d, d.monitor.get("skew_max_abs_diff")) for d in days],
+              "psi": [largest(d.monitor.get("psi")) for d in days]}
+    rows = {d.day: {row["bucket"]: row.get("calibration") for row in d.monitor.get("calibration_by_bucket") or []}
+            for d in days}
+    for b in sorted({b for by_bucket in rows.values() for b in by_bucket}):
+        series[f"bucket {b}"] = [served(d, rows[d.day].get(b)) for d in days]
+    return series
+
+
+def _monitoring_plot(days: list, path: Path) -> None:
+    """The three checks of serving_monitor per day, one panel each (gaps: not served), PSI with its 0.1 / 0.25
+    thresholds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x, series = [d.day for d in days], monitoring_series(days)
+    fig, (skew, drift, calibration) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    skew.plot(x, series.pop("skew"), marker="o")
+    skew.set_ylabel("skew: max |diff|")
+    drift.plot(x, series.pop("psi"), marker="o")
+    for level, style in ((0.1, ":"), (0.25, "--")):
+        drift.axhline(level, color="grey", linestyle=style, linewidth=1)
+    drift.set_ylabel("drift: largest PSI")
+    for label, ratio in series.items():
+        calibration.plot(x, ratio, marker="o", label=label)
+    calibration.axhline(1.0, color="grey", linewidth=1)
+    calibration.set_ylabel("live predicted / observed")
+    if series:
+        calibration.legend(loc="best")
+    calibration.tick_params(axis="x", rotation=45)
+    for ax in (skew, drift, calibration):
+        ax.grid(alpha=0.3)
+    fig.suptitle("serving_monitor per day (gaps: not served)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -88,6 +88,7 @@ class DayResult:
     figures: dict[str, object] = field(default_factory=dict)
     failed_checks: list[str] = field(default_factory=list)
     error: str | None = None
+    monitor: dict[str, object] = field(default_factory=dict)   # serving_monitor's figures, for the report's plot
 
     @property
     def status(self) -> str:
@@ -125,6 +126,8 @@ SUMMARY_KEYS: dict[tuple[str, str], str] = {
     ("challenger_evaluation", "reasons"): "why",
     ("promotion", "champion_version"): "champion",
 }
+# serving_monitor's metadata the report plots per day (pipelines/report.py MONITOR_PANELS), not printed
+MONITOR_KEYS = ("served", "skew_max_abs_diff", "psi", "calibration_by_bucket")
 TEACHER_EVERY_DAYS = 7    # the teacher's retrain cadence (pipelines/assets/training.py TeacherTrainingConfig.every_days)
 
 
@@ -261,12 +264,15 @@ def _materialization_metadata(result, asset: str) -> dict:
 
 def _summarise(day: str, result) -> DayResult:
     figures: dict[str, object] = {}
+    monitor: dict[str, object] = {}
     for event in result.get_asset_materialization_events():
         mat = event.event_specific_data.materialization
         asset = mat.asset_key.to_user_string()
         for key, value in mat.metadata.items():
             if (asset, key) in SUMMARY_KEYS:
                 figures[SUMMARY_KEYS[asset, key]] = value.value
+            elif asset == "serving_monitor" and key in MONITOR_KEYS:
+                monitor[key] = value.value
     failed = [
         f"{e.asset_key.to_user_string()}:{e.check_name}"
         for e in result.get_asset_check_evaluations()
@@ -281,7 +287,7 @@ def _summarise(day: str, result) -> DayResult:
             while cause.cause is not None:  # the user's exception, not Dagster's wrapper
                 cause = cause.cause
             error = f"{step.step_key}: {cause.message.strip()}"
-    return DayResult(day, result.success, figures, failed, error)
+    return DayResult(day, result.success, figures, failed, error, monitor)
 
 
 def _format_day(r: DayResult) -> str:

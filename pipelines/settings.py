@@ -51,6 +51,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_STACK_MLFLOW_PORT": ("15000", "`genrank stack`: the MLflow tracking server's port"),
     "GENRANK_STACK_SPARK_PORT": ("17077", "`genrank stack`: the Spark master's port (its web UI on +1, the worker's on +2)"),
     "GENRANK_STACK_DAGSTER_PORT": ("13000", "`genrank stack`: dagster-webserver's port"),
+    "CI": ("(empty: not CI)", "`true` in CI (.ci/run sets it): a skipped test other than the CUDA ones fails the test run"),
 }
 # deploy.stack.Ports, in its field order
 STACK_PORTS = ("GENRANK_STACK_POSTGRES_PORT", "GENRANK_STACK_MLFLOW_PORT", "GENRANK_STACK_SPARK_PORT",
@@ -120,6 +121,11 @@ def serve_prediction_log_max_bytes() -> int:
 def prometheus_multiproc_dir() -> str:
     """PROMETHEUS_MULTIPROC_DIR: empty unless set (then `genrank serve` uses it instead of a temporary directory)."""
     return env("PROMETHEUS_MULTIPROC_DIR", "")
+
+
+def ci() -> bool:
+    """CI: `true` where the test suite runs as CI (tests/conftest.py lets only the CUDA tests skip there)."""
+    return env("CI", "").lower() == "true"
 
 
 def tracking_uri(home: Path) -> str:

@@ -15,6 +15,7 @@ import pytest
 from pipelines.assets import training
 from deploy import registry as reg
 from pipelines.resources import GenrankPaths, MlflowResource
+from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +44,7 @@ def _candidates(home) -> dict[str, str]:
 def test_a_declared_empty_day_skips_the_model_stages_and_the_next_day_builds_on_the_day_before(tiny_pipeline, tmp_path,
                                                                                                 monkeypatch):
     source, report, _ = tiny_pipeline
-    home = tmp_path / "home"
-    shutil.copytree(source, home)
+    home = copy_home(source, tmp_path / "home")
     monkeypatch.setenv("GENRANK_LATENCY_BUDGET_MS", "1e9")   # as tiny_pipeline: wall-clock time must not decide
     last = report.days[-1]
     empty, after = _after(last, 1), _after(last, 2)

@@ -1,5 +1,7 @@
 """Promotion gates: what passes, what is refused, and the reasons they give."""
 
+import pytest
+
 from deploy.gates import SHADOW_GATES, GateConfig, ShadowResult, evaluate_gates, shadow_gates
 
 CHAMPION = {"auc": 0.70, "logloss": 0.20, "ctr": 0.05, "bucket0_calibration": 1.0, "bucket0_n": 2000,
@@ -17,12 +19,14 @@ def test_an_equal_challenger_passes_within_tolerances():
     assert all(g.passed for g in gates.values()), {k: g.reason for k, g in gates.items()}
 
 
+@pytest.mark.breaks("challenger_evaluation:gate_auc", "challenger_evaluation:gate_logloss")
 def test_worse_auc_and_logloss_are_refused_with_reasons():
     gates = _gates({**CHAMPION, "auc": 0.69, "logloss": 0.21})
     assert not gates["auc"].passed and "0.6900" in gates["auc"].reason and "champion v1" in gates["auc"].reason
     assert not gates["logloss"].passed and abs(gates["logloss"].threshold - 0.205) < 1e-12
 
 
+@pytest.mark.breaks("challenger_evaluation:gate_auc")
 def test_first_model_must_beat_the_baseline_auc_outright():
     baseline = {"auc": 0.60, "logloss": 0.20}
     assert not _gates({**CHAMPION, "auc": 0.60}, baseline, "baseline", kind="baseline")["auc"].passed
@@ -32,6 +36,7 @@ def test_first_model_must_beat_the_baseline_auc_outright():
     assert _gates({**CHAMPION, "auc": 0.599}, baseline, "baseline", kind="champion")["auc"].passed
 
 
+@pytest.mark.breaks("challenger_evaluation:gate_calibration")
 def test_calibration_band_is_widened_by_two_user_clustered_standard_errors():
     # se 0.1: [0.8, 1.25] -> [0.6, 1.45]
     gate = _gates({**CHAMPION, "bucket0_calibration": 0.61})["calibration"]
@@ -50,6 +55,7 @@ def test_calibration_band_is_widened_by_two_user_clustered_standard_errors():
     assert "2 SE = 0.010" in gate.reason
 
 
+@pytest.mark.breaks("challenger_evaluation:gate_calibration")
 def test_calibration_judges_only_buckets_with_enough_clicks():
     skewed = {**CHAMPION, "bucket1_calibration": 3.0, "bucket1_clicks": 10}
     assert _gates(skewed)["calibration"].passed  # 10 clicks: too few to judge
@@ -59,11 +65,13 @@ def test_calibration_judges_only_buckets_with_enough_clicks():
     assert _gates({**skewed, "bucket1_clicks": 25, "bucket1_calibration_se": float("nan")})["calibration"].passed
 
 
+@pytest.mark.breaks("challenger_evaluation:gate_latency")
 def test_latency_budget():
     assert not _gates(CHAMPION, latency=51.0)["latency"].passed
     assert _gates(CHAMPION, latency=49.0)["latency"].passed
 
 
+@pytest.mark.breaks("challenger_evaluation:gate_onnx_parity")
 def test_onnx_parity_gate():
     assert _gates(CHAMPION, parity=9e-5)["onnx_parity"].passed
     refused = _gates(CHAMPION, parity=3e-3)["onnx_parity"]
@@ -71,6 +79,7 @@ def test_onnx_parity_gate():
     assert not _gates(CHAMPION, parity=float("nan"))["onnx_parity"].passed  # a version without a graph
 
 
+@pytest.mark.breaks("challenger_evaluation:gate_onnx_parity", "challenger_evaluation:gate_latency")
 def test_nothing_measured_fails_the_onnx_gates_with_that_reason():
     gates = _gates(CHAMPION, latency=float("nan"), parity=float("nan"))
     for name in ("onnx_parity", "latency"):
@@ -99,6 +108,13 @@ def test_zero_requests_measure_nothing_instead_of_zero():
     assert report.candidates == 0 and math.isnan(report.max_abs_diff) and not report.passed
 
 
+def test_an_unknown_reference_kind_is_refused_naming_the_known_ones():
+    from deploy.gates import REFERENCE_KINDS
+
+    with pytest.raises(ValueError, match="reference_kind 'champoin': one of " + ", ".join(REFERENCE_KINDS)):
+        _gates(CHAMPION, kind="champoin")
+
+
 def _shadow(**changes) -> ShadowResult:
     return ShadowResult(**{"requests": 40, "candidates": 200, "latency_p99_ms": 4.0, "rank_correlation": 0.9,
                            "ranked_requests": 38, "mean_shift": {0: 1.05, 1: 0.95}, **changes})
@@ -113,6 +129,8 @@ def test_a_faithful_fast_shadow_scoring_passes_the_three_shadow_gates():
     assert "inside [0.64, 1.5625]: bucket 0: 1.0500, bucket 1: 0.9500" in gates["shadow_calibration_shift"].reason
 
 
+@pytest.mark.breaks("challenger_evaluation:gate_shadow_latency", "challenger_evaluation:gate_shadow_rank",
+                    "challenger_evaluation:gate_shadow_calibration_shift")
 def test_slow_reordering_or_shifting_shadow_scores_fail_their_gates_with_reasons():
     slow = {g.name: g for g in shadow_gates(_shadow(latency_p99_ms=51.0), GateConfig(latency_budget_ms=50.0))}
     assert not slow["shadow_latency"].passed and "51.0 ms" in slow["shadow_latency"].reason

@@ -74,6 +74,7 @@ def test_drift_fires_on_the_shift_day_and_on_no_other(shifted_world, tiny_world)
                 assert severities == {PASS}, (world, day, drift)
 
 
+@pytest.mark.breaks("serving_monitor:drift")
 def test_a_day_without_a_log_is_not_served_and_its_run_succeeds(shifted_world, monkeypatch):
     """The asset on the shift day of a world nobody served: no model is loaded, skew and calibration pass as
     skipped, the landing's drift is an ERROR-severity check that does not fail the run."""
@@ -124,6 +125,7 @@ def test_cut_and_malformed_log_lines_are_quarantined_with_a_reason_and_counted(t
 
 
 @pytest.mark.slow
+@pytest.mark.breaks("serving_monitor:skew")
 def test_a_day_replayed_through_the_service_has_no_skew_and_a_tampered_score_is_an_error(tiny_pipeline, tmp_path):
     """`genrank serve --workers 2` with the tiny run's champion answers the last day's first 40 requests sent by
     `replay` over HTTP; the monitor re-scores them offline from the registry and the lake: no skew, and every
@@ -166,3 +168,33 @@ def test_a_day_replayed_through_the_service_has_no_skew_and_a_tampered_score_is_
     path.write_bytes(b"\n".join([orjson.dumps(first), *lines[1:]]) + b"\n")
     tampered = monitor_day(home, day, landed, plog, registry)
     assert tampered.skew.severity == ERROR and tampered.skew.max_abs_diff >= 0.0099
+
+
+@pytest.mark.breaks("serving_monitor:live_calibration")
+def test_served_probabilities_three_times_the_observed_ctr_are_a_calibration_warning(tmp_path):
+    """80 users, 20 impressions each in one bucket, 10 % clicked: served at the observed CTR the bucket passes;
+    served at three times it, it is a WARN (outside the gate's band widened by two clustered SEs)."""
+    import numpy as np
+    import pandas as pd
+
+    from deploy.monitoring import WARN, live_calibration, served_candidates
+
+    rng = np.random.default_rng(0)
+    n_users, per_user = 80, 20
+    labels = rng.permutation(np.r_[np.ones(n_users * per_user // 10), np.zeros(n_users * per_user * 9 // 10)])
+    rows = [{"request_id": f"r{u}-{i}", "item_id": f"ad{i}", "position": 1, "position_bucket": 0,
+             "label": labels[u * per_user + i], "is_target": True, "event_kind": "impression", "user_id": f"u{u}"}
+            for u in range(n_users) for i in range(per_user)]
+    samples = tmp_path / "date=2026-01-04"
+    samples.mkdir()
+    pd.DataFrame(rows).to_parquet(samples / "part-0.parquet", index=False)
+
+    def served(p: float) -> pd.DataFrame:
+        return served_candidates([{"request_id": r["request_id"], "user_id": r["user_id"], "ts_ms": 0,
+                                   "model_version": "1", "history_events": 0,
+                                   "candidates": {"ad_id": [r["item_id"]]}, "scores": [[p, p]]} for r in rows])
+
+    calibrated = live_calibration(served(0.1), samples)
+    assert list(calibrated["severity"]) == [PASS] and calibrated["clicks"].sum() == 160
+    inflated = live_calibration(served(0.3), samples)
+    assert list(inflated["severity"]) == [WARN] and abs(float(inflated["calibration"].iloc[0]) - 3.0) < 1e-9

@@ -145,11 +145,18 @@ def test_backfilling_a_middle_range_recomputes_later_days(tmp_path, full_home):
 
 
 def test_metadata_reports_lengths_and_buckets(full_home):
-    _, result = full_home
+    home, result = full_home
     md = {m.event_specific_data.materialization.asset_key.to_user_string(): m.event_specific_data.materialization.metadata
           for m in result.get_asset_materialization_events()}
-    for key in ("samples", "targets", "history_len_mean", "history_len_p50", "history_len_p90", "history_len_max"):
-        assert key in md["training_samples"]
+    samples = {day: pd.read_parquet(home / "lake" / "training_samples" / f"date={day}") for day in DAYS}
+    reported = {k: md["training_samples"][k].value for k in ("samples", "targets", "history_len_mean", "history_len_max")}
+    last = samples[DAYS[-1]]
+    history = (pd.to_datetime(last["event_date"]) < pd.Timestamp(DAYS[-1])).groupby(last["user_id"]).sum()
+    assert reported == pytest.approx({   # samples and targets over the run's days, history lengths of its last day
+        "samples": sum(s["user_id"].nunique() for s in samples.values()),
+        "targets": sum(int(s["is_target"].sum()) for s in samples.values()),
+        "history_len_mean": history.mean(), "history_len_max": history.max()})
+    assert md["training_samples"]["history_len_p50"].value == pytest.approx(history.quantile(0.5))
     assert "| surface | position |" in md["position_buckets"]["buckets"].value
     checks = result.get_asset_check_evaluations()
     assert checks and all(c.passed for c in checks)
@@ -188,6 +195,9 @@ def test_skipping_a_day_is_refused(tmp_path, incremental_home):
         sequences.plan_window(home, later, later)
 
 
+@pytest.mark.breaks("training_samples:samples_no_future_leakage",
+                    "training_samples:samples_targets_labelled",
+                    "training_samples:samples_bucket_range")
 def test_gx_checks_catch_leakage_and_unlabelled_targets(tmp_path, full_home):
     day = DAYS[2]
     df = pd.read_parquet(full_home[0] / "lake" / "training_samples" / f"date={day}")
@@ -236,3 +246,41 @@ def test_the_samples_checks_use_the_runs_sequence_config():
     configured = {"ops": {"sequence_models": {"config": {"n_position_buckets": 3, "max_seq_len": 512}}}}
     assert run_sequence_config(configured).n_position_buckets == 3
     assert run_sequence_config({}) == SequenceBuildConfig()
+
+
+@pytest.mark.breaks("training_samples:samples_targets_labelled", "training_samples:samples_no_future_leakage")
+def test_gx_checks_catch_unknown_labels_missing_request_ids_and_rows_after_the_day(tmp_path, full_home):
+    day = DAYS[2]
+    df = pd.read_parquet(full_home[0] / "lake" / "training_samples" / f"date={day}")
+    targets = df.index[df["is_target"]]
+    df.loc[targets[0], "label"] = 2
+    df.loc[targets[1], "request_id"] = None
+    df.loc[targets[2], "ts_ms"] = int(pd.Timestamp(DAYS[3], tz="UTC").timestamp() * 1000)   # the next day's
+    df.to_parquet(tmp_path / "part-0.parquet", index=False)
+    outcomes = validate_training_samples(tmp_path / "part-0.parquet", day, 2)
+    assert {n for n, o in outcomes.items() if not o.passed} == {"samples_targets_labelled", "samples_no_future_leakage"}
+    labelled = {(f.expectation, f.kwargs["column"]) for f in outcomes["samples_targets_labelled"].failures}
+    assert labelled == {("expect_column_values_to_be_in_set", "label"), ("expect_column_values_to_not_be_null", "request_id")}
+    [late] = outcomes["samples_no_future_leakage"].failures
+    assert late.kwargs.get("row_condition") is None and late.unexpected_count == 1
+
+
+@pytest.mark.breaks("training_samples:samples_bucket_range")
+def test_the_samples_checks_of_a_range_fail_naming_the_failing_day(tmp_path, full_home):
+    """training_samples_checks judge every day of a backfill: one broken day fails the check, named."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home[0], home)
+    part = home / "lake" / "training_samples" / f"date={DAYS[2]}" / "part-0.parquet"
+    df = pd.read_parquet(part)
+    df.loc[df.index[df["is_target"]][0], "position_bucket"] = 5
+    df.to_parquet(part, index=False)
+    job = dg.define_asset_job("samples_checks", selection=dg.AssetSelection.checks(training_samples_checks))
+    defs = dg.Definitions(assets=[sequence_models], asset_checks=[training_samples_checks], jobs=[job],
+                          resources={"dbt": dbt_resource(), "paths": GenrankPaths(home=str(home))})
+    result = defs.resolve_job_def("samples_checks").execute_in_process(raise_on_error=False, tags={
+        "dagster/asset_partition_range_start": DAYS[0], "dagster/asset_partition_range_end": DAYS[-1]})
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks["samples_targets_labelled"].passed and checks["samples_no_future_leakage"].passed
+    bucket = checks["samples_bucket_range"]
+    assert not bucket.passed and bucket.description.startswith(f"{DAYS[2]}: ")
+    assert bucket.metadata["days"].value == DAYS and bucket.metadata["failed_days"].value == [DAYS[2]]

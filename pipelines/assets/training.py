@@ -230,8 +230,13 @@ def kd_gate(r: reg.Registry, paths: GenrankPaths, day: str, teacher, holdout: fl
                                 with_labels=True)
             name = f"champion v{champion.version}"
         else:
-            baseline = sequences.bucket_ctr_baseline(paths.root, day)
-            reference, name = baseline[baseline["impression_id"].isin(teacher_pred["impression_id"])], "baseline"
+            try:
+                baseline = sequences.bucket_ctr_baseline(paths.root, day)
+                name = "baseline"
+            except ValueError:   # no position CTR before D (its first day, rerun): nothing shows the teacher better
+                baseline = pd.DataFrame({"impression_id": [], "p": [], "label": []})
+                name = f"baseline (no position CTR before {day})"
+            reference = baseline[baseline["impression_id"].isin(teacher_pred["impression_id"])]
 
     def slice_auc(pred: pd.DataFrame) -> float:
         return float(auc(pred["label"].to_numpy(), pred["p"].to_numpy())) if pred["label"].nunique() == 2 else float("nan")

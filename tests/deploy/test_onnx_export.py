@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deploy.onnx_export import (PARITY_TOLERANCE, OnnxScorer, RequestScorer, export_onnx, find_bundle,
-                                request_arrays, torch_probs, write_bundle)
+                                latency_p99_ms, request_arrays, torch_probs, write_bundle)
 from models import preset
 from models.data import request_tokens, sample_from_frame
 from models.student import Student
@@ -91,17 +91,23 @@ def test_onnx_matches_torch_on_random_requests(exported, seed, n_hist, n_cand, r
 
 
 def test_candidates_never_see_each_other(exported):
-    """One pass over N candidates gives each the score it gets alone (SORT C2C isolation). Holds with
-    time RoPE, where all candidates share the request time; index RoPE gives candidate i the index G + i,
-    so its angle to the history depends on its place in the list (one reason CADET uses time)."""
+    """SORT C2C isolation: a candidate's score does not depend on the other candidates of its request. With
+    either RoPE, shuffling the others around a candidate that keeps its place leaves its score unchanged.
+    With time RoPE (all candidates share the request time) it also scores alone as it scores in the list;
+    index RoPE gives candidate i the index G + i, so there its place in the list is part of its input (one
+    reason CADET uses time) and it scores alone as at place 0."""
     m, scorer = exported
-    if m.cfg.rope.mode != "time":
-        pytest.skip("index RoPE positions candidates by their order")
     tokens = _request(m, 7, 300, 25, 2.0)
     together = scorer.score_tokens(tokens)
     for i in (0, 11, 24):
-        alone = tokens.with_candidates(slice(i, i + 1))
-        np.testing.assert_allclose(scorer.score_tokens(alone)[0], together[i], atol=1e-6)
+        others = np.random.default_rng(i).permutation([j for j in range(25) if j != i])
+        shuffled = scorer.score_tokens(tokens.with_candidates(np.insert(others, i, i)))
+        np.testing.assert_allclose(shuffled[i], together[i], atol=1e-6)
+        alone = scorer.score_tokens(tokens.with_candidates(slice(i, i + 1)))[0]
+        if m.cfg.rope.mode == "time" or i == 0:
+            np.testing.assert_allclose(alone, together[i], atol=1e-6)
+        else:
+            assert np.abs(alone - together[i]).max() > 1e-6   # index RoPE: the place is an input
 
 
 def test_the_per_bucket_calibration_travels_in_the_graph(tmp_path):
@@ -117,6 +123,13 @@ def test_the_per_bucket_calibration_travels_in_the_graph(tmp_path):
     np.testing.assert_allclose(got, torch_probs(m, tokens), atol=PARITY_TOLERANCE)
     logit = lambda p: np.log(p / (1 - p))  # noqa: E731
     np.testing.assert_allclose(logit(got) - logit(raw), np.broadcast_to(shift.numpy(), raw.shape), atol=1e-3)
+
+
+def test_the_latency_of_real_requests_is_measured(exported):
+    """The latency gate's input on requests (its empty case, nothing measured, is in tests/test_gates.py)."""
+    m, scorer = exported
+    p99 = latency_p99_ms(scorer, [_request(m, seed, 50, 5, 2.0) for seed in range(3)], repeats=2)
+    assert np.isfinite(p99) and p99 > 0
 
 
 def test_scoring_flushes_denormals_only_while_the_graph_runs(exported):

@@ -1,5 +1,6 @@
 """The ablation switches of the quality report (StudentConfig.use_history, position_input)."""
 import numpy as np
+import pytest
 import torch
 
 from mt_util import tiny_student
@@ -135,4 +136,7 @@ def test_ablated_students_train_predict_and_round_trip(samples_dir, tmp_path):
         assert back.cfg.use_history == cfg.use_history and back.cfg.position_input == cfg.position_input
         assert np.allclose(predict(back, samples_dir)["p"], p["p"], atol=1e-6)
     m = evaluate(res.model, samples_dir)
-    assert m["n"] == len(p) and "bucket0_calibration" in m
+    scored = predict(res.model, samples_dir, with_labels=True)
+    bucket0 = scored[scored["position_bucket"] == 0]
+    assert m["n"] == len(p)
+    assert m["bucket0_calibration"] == pytest.approx(bucket0["p"].mean() / bucket0["label"].mean())

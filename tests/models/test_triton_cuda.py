@@ -3,7 +3,7 @@ gradients, against the fp32 torch reference, with the bf16-relative tolerance id
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def _cases(dev):

@@ -17,6 +17,7 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 import pytest
+from dagster._core.scheduler.instigation import TickStatus
 from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
 
 from deploy import registry as reg
@@ -96,10 +97,20 @@ def _assert_same_results(home: Path, reference_home: Path, reference_stdout: str
     assert (str(champion.version), champion.tags["oot_auc"]) == _champion_line(reference_stdout)
 
 
-def _latest_sensor_skip(instance: dg.DagsterInstance) -> str:
+def _sensor_ticks(instance: dg.DagsterInstance) -> list:
+    """The landing sensor's ticks, newest first."""
     [state] = [s for s in instance.all_instigator_state() if s.name == "landing_sensor"]
-    [tick] = instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=1)
-    return tick.skip_reason or ""
+    return instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=1000)
+
+
+def _latest_sensor_skip(instance: dg.DagsterInstance) -> str:
+    return _sensor_ticks(instance)[0].skip_reason or ""
+
+
+def _finished_ticks_after(instance: dg.DagsterInstance, tick_id: int, n: int) -> list:
+    """The finished ticks newer than ``tick_id`` once there are ``n`` of them, else none."""
+    ticks = [t for t in _sensor_ticks(instance) if t.tick_id > tick_id and t.status != TickStatus.STARTED]
+    return ticks if len(ticks) >= n else []
 
 
 BACKFILL = """
@@ -156,14 +167,15 @@ def test_a_ui_backfill_then_the_landing_sensor_run_the_days_in_order_under_the_d
         sensor = stack.graphql(SENSOR, {"selector": sensor_selector})["sensorOrError"]
         stopped = stack.graphql(STOP_SENSOR, {"id": sensor["sensorState"]["id"]})
         assert stopped["stopSensor"]["instigationState"]["status"] == "STOPPED"
-        # the daemon may be inside a sensor iteration that read the state before the stop: let it pass
-        time.sleep(3 * int(RUN_ENV["GENRANK_SENSOR_INTERVAL_S"]))
+        # the daemon may be inside a sensor iteration that read the state before the stop: let it finish
+        instance = dg.DagsterInstance.from_config(str(stack.dagster_home))
+        _wait_until(lambda: all(t.status != TickStatus.STARTED for t in _sensor_ticks(instance)), stack, 300,
+                    "the stopped sensor's last tick did not finish")
         # the garbage day lands with the others, so day 4 sees its D+1 (garbage clicks attribute nothing)
         # from its first run, as `genrank run` saw none: day 4 runs once
         garbage = tmp_path / "garbage"
         landing.write_day(garbage, garbage_day, {kind: [f'{{"broken": {i}' for i in range(50)] for kind in landing.FILE_KINDS})
         _land_all(reference_home, home, report.days, more=((garbage, garbage_day),))
-        instance = dg.DagsterInstance.from_config(str(stack.dagster_home))
 
         started = time.monotonic()
         launched = stack.graphql(BACKFILL, {"params": {
@@ -213,8 +225,11 @@ def test_a_ui_backfill_then_the_landing_sensor_run_the_days_in_order_under_the_d
         assert blocked.status == dg.DagsterRunStatus.FAILURE
         assert blocked.tags[operating.BLOCKED_BY_TAG].startswith("events:") and blocked.tags[operating.BLOCKED_REASON_TAG]
         assert blocked.tags["dagster/will_retry"] == "false"
-        # several more sensor ticks: nothing is requested again, and each tick says why
-        time.sleep(4 * int(RUN_ENV["GENRANK_SENSOR_INTERVAL_S"]))
+        # three more sensor ticks: nothing is requested again, and each tick says why
+        newest = _sensor_ticks(instance)[0].tick_id
+        more = _wait_until(lambda: _finished_ticks_after(instance, newest, 3), stack, 300,
+                           "the sensor did not tick three times")
+        assert all((t.skip_reason or "").startswith(f"{garbage_day} is blocked") for t in more), [t.skip_reason for t in more]
         assert len(_daily_runs(instance)) == len(records)
         assert not instance.get_runs(dg.RunsFilter(statuses=NOT_FINISHED_STATUSES))
         skip = _latest_sensor_skip(instance)

@@ -15,6 +15,7 @@ from pipelines import operating
 from pipelines.resources import GenrankPaths
 from pipelines.sensors import landing_sensor
 from transforms import landing
+from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +28,13 @@ def _evaluate(home: Path, instance: dg.DagsterInstance, cursor: str | None = Non
 
 def _copy_home(src: Path, dst: Path) -> dg.DagsterInstance:
     """A copy of a built home (file times kept, as the landing fingerprint stats them) and its instance."""
-    shutil.copytree(src, dst)
+    copy_home(src, dst)
     return dg.DagsterInstance.from_config(str(dst / "dagster_home"))
 
 
 @pytest.fixture(scope="module")
 def built_home(tiny_pipeline, tmp_path_factory):
-    """A snapshot of the home `genrank run` built over the whole tiny world, taken before other tests
-    change its registry."""
+    """A snapshot of the home `genrank run` built over the whole tiny world."""
     home, report, _ = tiny_pipeline
     snapshot = tmp_path_factory.mktemp("sensor") / "home"
     _copy_home(home, snapshot)

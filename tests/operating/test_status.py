@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import shutil
 
 import dagster as dg
 import pytest
 
 from pipelines import cli, operating
+from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow
 
 
 def test_status_of_a_built_home_lists_days_aliases_and_the_store(tiny_pipeline, tmp_path, capsys):
     source, report, _ = tiny_pipeline
-    home = tmp_path / "home"
-    shutil.copytree(source, home)
+    home = copy_home(source, tmp_path / "home")
     assert cli.main(["status", "--home", str(home)]) == 0
     out = capsys.readouterr().out
     for day in report.days:

@@ -3,7 +3,6 @@ version page rendered by headless Chromium, showing its model card and its alias
 
 from __future__ import annotations
 
-import shutil
 import time
 import urllib.request
 
@@ -11,14 +10,14 @@ import pytest
 
 from deploy import registry as reg
 from tests.operating.services import BIN, Service, browse, free_port
+from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_champions_registry_page_shows_its_card_and_aliases(tiny_pipeline, tmp_path):
     source, _, _ = tiny_pipeline
-    home = tmp_path / "home"
-    shutil.copytree(source, home)      # other tests change the registry; the reviewer's view is of this copy
+    home = copy_home(source, tmp_path / "home")      # other tests change the registry; the reviewer's view is of this copy
     champion = reg.default_registry(home).by_alias(reg.CTR, "champion")
     assert champion is not None and champion.description.startswith(f"### genrank-ctr v{champion.version}: approved")
     port = free_port()

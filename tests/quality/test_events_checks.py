@@ -67,6 +67,11 @@ def test_clean_partition_passes_every_check(tmp_path):
     assert out["events_keys_not_null"].evaluated >= 10
 
 
+@pytest.mark.breaks("events:events_keys_not_null",
+                    "events:events_impression_id_unique",
+                    "events:events_position_in_range",
+                    "events:events_ts_in_day",
+                    "events:events_label_binary")
 def test_each_blocking_check_catches_its_defect_with_observed_value_and_sample_rows(tmp_path):
     data = rows()
     data[3]["position"] = 0                      # position out of range
@@ -99,6 +104,7 @@ def test_each_blocking_check_catches_its_defect_with_observed_value_and_sample_r
     assert not out["events_position_in_range"].passed and "max_value=3" in out["events_position_in_range"].summary()
 
 
+@pytest.mark.breaks("events:events_schema")
 def test_schema_check_catches_missing_column_and_wrong_type(tmp_path):
     types = dict(EVENT_COLUMNS, ts_ms="string")
     data = [dict(r, ts_ms=str(r["ts_ms"])) for r in rows()]
@@ -113,6 +119,7 @@ def test_schema_check_catches_missing_column_and_wrong_type(tmp_path):
     assert out2["events_schema"].failures[0].expectation == "expect_table_columns_to_match_set"
 
 
+@pytest.mark.breaks("events:events_not_empty")
 def test_empty_day_names_reason_and_count(tmp_path):
     path = write(tmp_path / "events", DAY, [])
     acc = {"impressions": {"input_lines": 40, "accepted": 0, "quarantined": 40, "duplicates": 0,
@@ -127,6 +134,7 @@ def test_empty_day_names_reason_and_count(tmp_path):
     assert out["events_row_accounting"].passed
 
 
+@pytest.mark.breaks("events:events_row_accounting")
 def test_row_accounting_that_does_not_close_is_blocking(tmp_path):
     path = write(tmp_path / "events", DAY, rows())
     acc = accounting(25, 20, 5)
@@ -139,6 +147,7 @@ def test_row_accounting_that_does_not_close_is_blocking(tmp_path):
     assert "holds 25 rows but the job accepted 30" in out2["events_row_accounting"].summary()
 
 
+@pytest.mark.breaks("events:events_ctr_drift", "events:events_volume_drop")
 def test_drift_warnings_ctr_volume_quarantine(tmp_path):
     base = tmp_path / "events"
     for k in range(1, 4):
@@ -159,6 +168,7 @@ def test_drift_warnings_ctr_volume_quarantine(tmp_path):
     assert "OUTSIDE" in out["events_ctr_drift"].summary()
 
 
+@pytest.mark.breaks("events:events_quarantine_rate", "events:events_quarantine_warning")
 def test_quarantine_shares_per_reason_and_per_file_warn_then_block(tmp_path):
     path = write(tmp_path / "events", DAY, rows(n_imps=20, n_beh=5))
     rates = QuarantineRates(per_reason=RateLimit(warn_above=0.02, block_above=0.10),
@@ -225,3 +235,48 @@ def test_framework_groups_expectations_into_checks_and_specs():
     assert not results["toy_small"].passed and results["toy_small"].severity == dg.AssetCheckSeverity.WARN
     assert results["toy_small"].metadata["observed_value"].value == "400"
     assert "observed 400" in results["toy_small"].description
+
+
+def _set(index: int, **values):
+    return lambda data: data[index].update(values)
+
+
+# One defect each, for the expectations the test above does not reach: the check it fails, alone, and how.
+SINGLE_DEFECTS = {
+    "an unknown event kind": (_set(20, event_kind="click"), "events_keys_not_null", "expect_column_values_to_be_in_set", "event_kind"),
+    "a behavior without its action": (_set(20, action=None), "events_keys_not_null", "expect_column_values_to_not_be_null", "action"),
+    "an unknown surface": (_set(5, surface="banner"), "events_position_in_range", "expect_column_values_to_be_in_set", "surface"),
+    "a click before its impression": (lambda data: data[0].update(click_ts_ms=data[0]["ts_ms"] - 1), "events_ts_in_day",
+                                      "expect_column_pair_values_a_to_be_greater_than_b", None),
+    "a click time without a click": (lambda data: data[5].update(click_ts_ms=data[5]["ts_ms"] + 50), "events_label_binary",
+                                     "expect_column_values_to_be_null", "click_ts_ms"),
+    "a click without its time": (_set(0, click_ts_ms=None), "events_label_binary", "expect_column_values_to_not_be_null", "click_ts_ms"),
+    "a click type without a click": (_set(5, click_type="follow"), "events_label_binary", "expect_column_values_to_be_null", "click_type"),
+}
+
+
+@pytest.mark.breaks("events:events_keys_not_null",
+                    "events:events_position_in_range",
+                    "events:events_ts_in_day",
+                    "events:events_label_binary")
+@pytest.mark.parametrize("defect", sorted(SINGLE_DEFECTS))
+def test_one_defect_fails_its_check_alone_with_the_expectation_it_breaks(tmp_path, defect):
+    change, check, expectation, column = SINGLE_DEFECTS[defect]
+    data = rows()
+    change(data)
+    out = by_name(validate_events(write(tmp_path / "events", DAY, data), DAY, accounting=accounting(25, 20, 5)))
+    assert {k for k, o in out.items() if not o.passed} == {check}
+    [failure] = out[check].failures
+    assert failure.expectation == expectation and failure.unexpected_count == 1
+    assert column is None or failure.kwargs["column"] == column
+
+
+@pytest.mark.breaks("events:events_not_empty", "events:events_row_accounting")
+def test_without_the_jobs_accounting_the_partition_cannot_pass(tmp_path):
+    out = by_name(validate_events(write(tmp_path / "events", DAY, rows()), DAY))
+    assert not out["events_row_accounting"].passed
+    assert out["events_row_accounting"].summary() == "no row accounting was reported for this partition"
+    for name in ("events_quarantine_rate", "events_quarantine_warning"):
+        assert out[name].passed and "quarantine rates not evaluated" in out[name].summary()
+    empty = by_name(validate_events(write(tmp_path / "empty", DAY, []), DAY))["events_not_empty"]
+    assert not empty.passed and empty.summary() == f"no events in {tmp_path / 'empty' / f'date={DAY}'} (0 rows)"

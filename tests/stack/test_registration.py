@@ -1,7 +1,11 @@
 """A registration is all or nothing (deploy/registry.py): a version whose registration broke off (the tracking
 server went away after creating it) is never found, so no step reuses or promotes it, and the next
-registration of the same model deletes it. The model logging itself is replaced by a run artifact: what is
-checked is the registry's protocol, on the SQLite store (the stack's faults check it against a server)."""
+registration of the same model deletes it.
+
+What is checked is the registry's protocol on the SQLite store, with its faults injected by monkeypatches:
+the client's ``get_model_version`` raises the error an unreachable server gives, right after the version is
+created, and ``mlflow.pyfunc.log_model`` is replaced by a run artifact. No test here talks to a tracking
+server: benchmarks/stack_faults.py breaks registrations against the stack's real server, as a benchmark."""
 
 from __future__ import annotations
 

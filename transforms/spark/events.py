@@ -75,10 +75,13 @@ regex on the raw line tells ``"ts_ms":"123"`` from ``"ts_ms":123``); ids are opa
 counted (``extra_field``).
 
 Execution: each landing file is read and parsed once, in the pass that also counts its lines (the
-counts are checked against ``_SUCCESS`` afterwards; no Python pre-pass decompresses the files). The
-deduplicated lines are cached (MEMORY_AND_DISK; raw text only on lines the quarantine may need) and
-read by the counts and both writes. Impressions take one shuffle by (day, impression_id) for both
-duplicate rules; attribution joins the few clicks to narrow impression keys, and the winners are
+counts are checked against ``_SUCCESS`` afterwards; no Python pre-pass decompresses the files). D-1's
+impression lines whose impression_id no click of D names are only counted (``context``): they cannot
+change an outcome of D, so they skip the parse and the rules. The deduplicated lines are cached
+(MEMORY_AND_DISK; raw text only on lines the quarantine may need). Impressions take one shuffle by
+(day, impression_id) for both duplicate rules. The clicks are attributed once, into a small cache of
+their own, against only the impressions some click names (a broadcast of the clicked ids, then of
+those impressions' keys); the counts and both writes read the two caches, and the winners are
 broadcast onto the impressions. A file Spark cannot decompress fails the day with a ``LandingError``
 naming it (``genrank landing quarantine-file`` releases the day).
 
@@ -115,6 +118,9 @@ ENUM_KEYS: dict[str, tuple[str, ...]] = {
 ALL_KEYS = tuple(dict.fromkeys(k for kind in FILE_KINDS for k in REQUIRED_KEYS[kind] + OPTIONAL_KEYS[kind]))
 
 ACCEPTED, QUARANTINED, DUPLICATE, BLANK = "accepted", "quarantined", "duplicate", "blank"
+# Lines of the day before's impressions that no click of D names: they cannot change any outcome of
+# D's lines, so they are only counted (per file), never parsed, deduplicated or cached with fields.
+CONTEXT = "context"
 # Row rules, in the order they are decided (a line gets the first that applies).
 QUARANTINE_REASONS = ("malformed_json", "missing_key", "bad_type", "unknown_enum", "empty_id",
                       "position_out_of_range", "ts_out_of_range", "negative_dwell",
@@ -173,6 +179,26 @@ def read_lines(spark: SparkSession, sources: Sequence[SourceFile]) -> DataFrame:
     return out
 
 
+def set_aside_unclicked(lines: DataFrame, day: str) -> DataFrame:
+    """Add ``context``: true on the lines of D-1's impression files whose impression_id no click line
+    of D names.
+
+    Job D needs D-1's impressions only as the targets of D's late clicks (and of D-1's clicks that
+    compete with them for the same impression), so an impression no click of D names cannot change
+    an outcome of D. The test is ``get_json_object`` on the framed record, which reads an id as the
+    parse's map does (a string unescaped, a number as its JSON text); a line it keeps gets every rule,
+    a line it sets aside is only counted. D's click ids come from a broadcast of D's few click lines.
+    """
+    body = F.btrim("raw", F.lit(FRAMING))
+    named = (lines.filter((F.col("kind") == "clicks") & (F.col("src_day") == day))
+             .select(F.element_at(F.from_json(body, "map<string,string>"), F.lit("impression_id")).alias("named_id"))
+             .filter(F.col("named_id").isNotNull()).distinct())
+    prev = (F.col("kind") == "impressions") & (F.col("src_day") < day)
+    probe = F.when(prev, F.get_json_object(body, "$.impression_id"))
+    out = lines.withColumn("_probe", probe).join(F.broadcast(named), F.col("_probe") == F.col("named_id"), "left")
+    return out.withColumn("context", prev & F.col("named_id").isNull()).drop("_probe", "named_id")
+
+
 def _first(pairs):
     """CASE WHEN c1 THEN v1 WHEN c2 THEN v2 ... END (null when none holds)."""
     expr = None
@@ -199,7 +225,7 @@ def _parse_kind(lines: DataFrame, k_name: str) -> DataFrame:
     blocking events check enforces on one row is decided here, each with its own reason.
     """
     keys = REQUIRED_KEYS[k_name] + OPTIONAL_KEYS[k_name]
-    df = lines.filter(F.col("kind") == k_name).withColumn("body", F.btrim("raw", F.lit(FRAMING)))
+    df = lines.filter((F.col("kind") == k_name) & ~F.col("context")).withColumn("body", F.btrim("raw", F.lit(FRAMING)))
     df = df.withColumn("m", F.from_json("body", "map<string,string>"))
     m = F.col("m")
     # Extract every value once into its own column: the checks below reference each several times.
@@ -282,8 +308,14 @@ def parse_lines(lines: DataFrame) -> DataFrame:
     Adds the typed fields of all kinds (ids as strings), ``has_extra`` and, for invalid lines,
     ``outcome='quarantined'`` with ``reason``/``detail``; valid lines get ``outcome = null`` (pending).
     Reason precedence: malformed_json > missing_key > bad_type > bad_value (first key in contract order).
+    Lines ``set_aside_unclicked`` marked ``context`` are not parsed: they get ``outcome='context'``.
     """
-    parts = [_parse_kind(lines, k) for k in FILE_KINDS]
+    context = lines.filter(F.col("context")).select(
+        "src_day", "kind", "source_file", "line_no", F.lit(None).cast("string").alias("raw"),
+        F.lit(None).cast("bigint").alias("_h1"), F.lit(None).cast("int").alias("_h2"), F.lit(None).cast("int").alias("_len"),
+        *[F.lit(None).cast(_key_type(k)).alias(k) for k in ALL_KEYS], F.lit(False).alias("has_extra"),
+        F.lit(CONTEXT).alias("outcome"), *[F.lit(None).cast("string").alias(c) for c in ("reason", "detail")])
+    parts = [_parse_kind(lines, k) for k in FILE_KINDS] + [context]
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
@@ -313,7 +345,8 @@ def mark_duplicates(df: DataFrame, shuffle_partitions: int) -> DataFrame:
     """
     ok = _pending()
     copy_w = ["src_day", "kind", ok, "_h1", "_h2", "_len"]
-    imps = df.filter(F.col("kind") == "impressions").repartition(shuffle_partitions, "src_day", "impression_id")
+    context = F.col("outcome").eqNullSafe(CONTEXT)
+    imps = df.filter((F.col("kind") == "impressions") & ~context).repartition(shuffle_partitions, "src_day", "impression_id")
     imps = imps.withColumn("_copy", ok & (F.row_number().over(
         Window.partitionBy("src_day", "impression_id", *copy_w[1:]).orderBy("source_file", "line_no")) > 1))
     first = Window.partitionBy("src_day", "impression_id", ok, "_copy").orderBy("ts_ms", "source_file", "line_no")
@@ -321,7 +354,8 @@ def mark_duplicates(df: DataFrame, shuffle_partitions: int) -> DataFrame:
     others = df.filter(F.col("kind") != "impressions")
     others = others.withColumn("_copy", ok & (F.row_number().over(
         Window.partitionBy(*copy_w).orderBy("source_file", "line_no")) > 1)).withColumn("_relog", F.lit(False))
-    out = _decide(imps.unionByName(others), F.col("_copy"), DUPLICATE, "duplicate_line")
+    aside = df.filter(context).withColumn("_copy", F.lit(False)).withColumn("_relog", F.lit(False))
+    out = _decide(imps.unionByName(others).unionByName(aside), F.col("_copy"), DUPLICATE, "duplicate_line")
     return _decide(out, F.col("_relog"), DUPLICATE, "duplicate_impression_id").drop("_copy", "_relog", "_h1", "_h2", "_len")
 
 
@@ -338,19 +372,22 @@ def accept_pending(df: DataFrame) -> DataFrame:
 def attribute_clicks(df: DataFrame, window_ms: int) -> DataFrame:
     """Resolve every pending click against the accepted impressions (see module docstring).
 
-    Input: the frame after ``accept_pending``. Output: same rows, clicks decided, plus
-    ``imp_day`` (day of the matched impression, null when none).
+    Input: the frame after ``accept_pending``. Output: the pending clicks only, decided, plus
+    ``imp_day`` (day of the matched impression, null when none); ``with_clicks`` puts them back.
+    Only the impressions whose id some click names take part (a broadcast semi-join of the few
+    clicked ids), so the join and both windows run on click-sized data, never on the day's impressions.
     """
     clicks = df.filter((F.col("kind") == "clicks") & _pending())
-    rest = df.filter(~((F.col("kind") == "clicks") & _pending())).withColumn("imp_day", F.lit(None).cast("string"))
+    clicked_ids = clicks.select(F.col("impression_id").alias("c_impression_id")).distinct()
     imps = df.filter((F.col("kind") == "impressions") & (F.col("outcome") == ACCEPTED)).select(
         F.col("impression_id").alias("m_impression_id"),
         F.col("src_day").alias("imp_day"),
         F.col("ts_ms").alias("imp_ts"),
     )
+    imps = imps.join(F.broadcast(clicked_ids), F.col("m_impression_id") == F.col("c_impression_id"), "left_semi")
     same_or_prev = (F.col("imp_day") == F.col("src_day")) | (
         F.to_date("imp_day") == F.date_sub(F.to_date("src_day"), 1))
-    cand = clicks.join(imps, (F.col("impression_id") == F.col("m_impression_id")) & same_or_prev, "left")
+    cand = clicks.join(F.broadcast(imps), (F.col("impression_id") == F.col("m_impression_id")) & same_or_prev, "left")
     in_window = (F.col("imp_ts").isNotNull() & (F.col("ts_ms") >= F.col("imp_ts"))
                  & (F.col("ts_ms") <= F.col("imp_ts") + F.lit(window_ms)))
     cand = cand.withColumn("_in", F.coalesce(in_window, F.lit(False)))
@@ -371,8 +408,13 @@ def attribute_clicks(df: DataFrame, window_ms: int) -> DataFrame:
     cand = _decide(cand, F.col("_rank") == 1, ACCEPTED,
                    F.when(F.col("imp_day") == F.col("src_day"), F.lit("attributed")).otherwise(F.lit("attributed_previous_day")))
     cand = cand.withColumn("imp_day", F.when(F.col("outcome") == ACCEPTED, F.col("imp_day")))
-    cand = cand.drop("m_impression_id", "imp_ts", "_in", "_rank")
-    return rest.unionByName(cand)
+    return cand.drop("m_impression_id", "imp_ts", "_in", "_rank")
+
+
+def with_clicks(decided: DataFrame, clicks: DataFrame) -> DataFrame:
+    """Every line decided: ``decided`` with its pending clicks replaced by ``attribute_clicks``' output."""
+    rest = decided.filter(~((F.col("kind") == "clicks") & _pending())).withColumn("imp_day", F.lit(None).cast("string"))
+    return rest.unionByName(clicks)
 
 
 def decide_lines(parsed: DataFrame, shuffle_partitions: int = 4) -> DataFrame:
@@ -638,13 +680,14 @@ def run_events_job(
         saved = {k: spark.conf.get(k, None) for k in JOB_CONF}
         for k, v in JOB_CONF.items():
             spark.conf.set(k, v)
-        decided = None
+        decided = clicks = None
         try:
-            # Each file is read and parsed once, into the cached ``decided``; attribution (clicks
-            # against narrow impression keys) is cheap and recomputed by the counts and the writes.
-            decided = decide_lines(parse_lines(read_lines(spark, sources)), int(spark.conf.get("spark.sql.shuffle.partitions")))
+            # Each file is read and parsed once, into the cached ``decided``; the clicks are attributed
+            # once, into their own small cache; the counts and both writes read the two caches.
+            decided = decide_lines(parse_lines(set_aside_unclicked(read_lines(spark, sources), day)), int(spark.conf.get("spark.sql.shuffle.partitions")))
             decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
-            resolved = attribute_clicks(decided, window_ms)
+            clicks = attribute_clicks(decided, window_ms).persist(StorageLevel.MEMORY_AND_DISK)
+            resolved = with_clicks(decided, clicks)
             try:
                 counts = ledger_counts(resolved).collect()
             except Exception as exc:  # a file Spark cannot decompress fails the day naming the file
@@ -656,8 +699,9 @@ def run_events_job(
             quarantine_path = write_partition(build_quarantine(resolved, day), lake / "quarantine", day,
                                               ("kind", "source_file", "line_no"), 1)
         finally:
-            if decided is not None:
-                decided.unpersist()
+            for frame in (clicks, decided):
+                if frame is not None:
+                    frame.unpersist()
             for k, v in saved.items():
                 if v is None:
                     spark.conf.unset(k)
