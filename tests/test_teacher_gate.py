@@ -68,7 +68,7 @@ def _gate_check(home, day) -> dg.AssetCheckEvaluation:
 
 def _write_gate(home, day, passed: bool) -> None:
     gate = teacher_gate(0.9 if passed else 0.6, 0.7, "teacher v1", "baseline")
-    (home / "lake" / "teacher_logits" / f"date={day}" / "kd_gate.json").write_text(json.dumps(gate.__dict__))
+    training._kd_gate_path(GenrankPaths(home=str(home)), day).write_text(json.dumps(gate.__dict__))
 
 
 @pytest.mark.slow
@@ -95,7 +95,7 @@ def test_the_gate_check_warns_on_a_refusal_and_blocks_without_a_gate(home_with_g
     refused = _gate_check(home, day)
     assert not refused.passed and refused.severity == dg.AssetCheckSeverity.WARN
     assert refused.description.endswith("on the day's held-out slice: no: the student of the day trains on labels alone")
-    (home / "lake" / "teacher_logits" / f"date={day}" / "kd_gate.json").unlink()
+    training._kd_gate_path(GenrankPaths(home=str(home)), day).unlink()
     missing = _gate_check(home, day)
     assert not missing.passed and missing.severity == dg.AssetCheckSeverity.ERROR
     assert missing.description.startswith(f"no readable teacher gate for {day}: FileNotFoundError")

@@ -199,7 +199,8 @@ def _logits_path(paths: GenrankPaths, day: str) -> Path:
 
 
 def _kd_gate_path(paths: GenrankPaths, day: str) -> Path:
-    return paths.lake_partition("teacher_logits", day) / "kd_gate.json"
+    # "_" first: Parquet readers skip it, so the partition folder stays a dataset whoever reads it whole
+    return paths.lake_partition("teacher_logits", day) / "_kd_gate.json"
 
 
 def _champion_serving(r: reg.Registry, day: str):
