@@ -142,10 +142,13 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
     if not days:
         raise ValueError(f"no complete landing day under {home / 'landing'} in [{start or '-'}, {end or '-'}]: "
                          "run `genrank simulate` or `genrank import` first")
+    # what prepare_code_location does, the check before the console so that a mismatch writes nothing
     partitions.pin_start_date(home)
     partitions.check_days_in_partitions(days)
     with RunConsole(home, verbose) as console:
-        prepare_code_location(home)
+        from transforms.sequences import ensure_manifest
+
+        ensure_manifest()   # dbt's parse output goes to the run's log
         from pipelines.definitions import defs
 
         daily = defs.resolve_job_def("daily_job")
