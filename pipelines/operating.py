@@ -4,7 +4,7 @@ that a blocking check stopped is marked so that nothing retries it in a loop.
 One day at a time, in date order. A day's state lives in the Dagster instance, not in a sensor cursor:
 - **done** when the newest ``events`` materialisation of the day carries the landing fingerprint the
   day has now (``transforms.landing_watch.day_fingerprint``) and the run that made it, or its retry,
-  succeeded, or failed only because the promotion gates refused the challenger (a decision);
+  succeeded (a challenger the promotion gates refused is a decision inside a successful run);
 - **blocked** when a run was already requested for the day's current content and ended failed: a
   failed blocking check, or a step that failed again after its one retry. It stays blocked until the
   landing content changes (a replaced file, ``genrank landing quarantine-file``) or an operator reruns the
@@ -35,7 +35,6 @@ FINGERPRINT_TAG = "genrank/landing_fingerprint"
 NEXT_DAY_MISSING_TAG = "genrank/next_day_missing"
 BLOCKED_BY_TAG = "genrank/blocked_by"          # failed blocking checks, "asset:check" comma-separated
 BLOCKED_REASON_TAG = "genrank/blocked_reason"  # the first failed check's description
-GATE_PREFIX = "challenger_evaluation:gate_"
 RELEASE_HINT = ("release it by fixing its landing files (replace the file, or `genrank landing quarantine-file "
                 "PATH --reason TEXT`) or by rerunning the day (UI: Materialize; `genrank run --start D --end D`)")
 
@@ -148,17 +147,8 @@ def day_state(instance: dg.DagsterInstance, day: str, fingerprint: str) -> tuple
     return "new", f"{day} landed"
 
 
-def only_gates_failed(checks: list[str]) -> bool:
-    """Blocking checks failed and all of them are promotion gates: a refused challenger, a decision."""
-    return bool(checks) and all(c.startswith(GATE_PREFIX) for c in checks)
-
-
 def _completed(run: dg.DagsterRun) -> bool:
-    """Succeeded, or stopped only by the promotion gates (a refused challenger is a decision)."""
-    if run.status == dg.DagsterRunStatus.SUCCESS:
-        return True
-    blocked_by = run.tags.get(BLOCKED_BY_TAG, "")
-    return run.status == dg.DagsterRunStatus.FAILURE and only_gates_failed([c for c in blocked_by.split(",") if c])
+    return run.status == dg.DagsterRunStatus.SUCCESS
 
 
 def _retry_pending(run: dg.DagsterRun) -> bool:

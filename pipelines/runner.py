@@ -14,7 +14,6 @@ from pathlib import Path
 
 from pipelines import partitions, settings
 from pipelines.console import RunConsole
-from pipelines.operating import only_gates_failed
 from pipelines.report import write_run_report
 from transforms import landing
 
@@ -92,7 +91,9 @@ class DayResult:
 
     @property
     def status(self) -> str:
-        return "ok" if self.success and not self.failed_checks else "refused" if only_gates_failed(self.failed_checks) else "FAILED"
+        if not self.success or self.failed_checks:
+            return "FAILED"
+        return "refused" if self.figures.get("decision") == "refused" else "ok"
 
 
 @dataclass
@@ -101,9 +102,9 @@ class RunSummary:
 
     @property
     def ok(self) -> bool:
-        """Every day ran (its teacher retrain included); a challenger refused by a gate is a decision,
-        not a failure of the run."""
-        return bool(self.days) and all(d.success or only_gates_failed(d.failed_checks) for d in self.days)
+        """Every day ran (its teacher retrain included); a challenger refused by a gate is a decision
+        inside a successful run, not a failure."""
+        return bool(self.days) and all(d.success for d in self.days)
 
 
 # Metadata keys worth a column in the printed per-day summary: (asset, key) -> label.
@@ -178,8 +179,8 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
                 results[-1].figures["oracle_auc"] = oracle[day]
             console.print(_format_day(results[-1]))
         summary = RunSummary(results)
-        refused = sum(only_gates_failed(r.failed_checks) for r in results)
-        console.print(f"\n{sum(r.success for r in results) + refused}/{len(results)} days ran"
+        refused = sum(r.status == "refused" for r in results)
+        console.print(f"\n{sum(r.success for r in results)}/{len(results)} days ran"
                       + (f" ({refused} challenger(s) refused by the gates: a decision, not a failure)." if refused else "."))
         champion = _champion_line(home, results)
         console.print(champion)
@@ -233,7 +234,7 @@ def _why_no_champion(results: list[DayResult]) -> str:
         last = judged[-1]
         return (f"{len(judged)} challenger(s) judged, none promoted; the newest, on {last.day}: "
                 f"{last.figures.get('why', 'no reason recorded')}.")
-    failed = [r for r in results if not r.success and not only_gates_failed(r.failed_checks)]
+    failed = [r for r in results if not r.success]
     if failed:
         return f"{failed[0].day} failed ({failed[0].error or ', '.join(failed[0].failed_checks)}), so no challenger was judged."
     return (f"no challenger was judged in these {len(results)} day(s): a candidate trains from the first day a "
@@ -298,7 +299,7 @@ def _format_day(r: DayResult) -> str:
     parts += [f"{k}={_fmt(v)}" for k, v in r.figures.items()]
     if r.failed_checks:
         parts.append("failed checks: " + ", ".join(r.failed_checks))
-    if r.error and not only_gates_failed(r.failed_checks):
+    if r.error:
         parts.append(f"error: {r.error}")
     return "  ".join(parts)
 

@@ -1,6 +1,7 @@
-"""`genrank status`: what the on-call engineer needs without opening a UI: which landed days are done,
-waiting, running, blocked (with the failing check) or not run yet, the registry's champion, challenger
-and previous with their out-of-time AUC and age, the teacher that serves, and the online store's day.
+"""`genrank status`: what the on-call engineer needs without opening a UI: which landed days are done
+(with the challenger the gates refused on the day, if one was: a decision, not a failure), waiting, running,
+blocked (with the failing check) or not run yet, the registry's champion, challenger and previous with their
+out-of-time AUC and age, the teacher that serves, and the online store's day.
 Exit code 0, 1 when a landed day is blocked, 2 when there is no landing zone."""
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def status(home: Path) -> tuple[str, int]:
     except ValueError as outside:
         lines.append(f"  not daily partitions: {outside}")
     for s in statuses:
-        lines.append(f"  {s.day}  {STATE_LABELS[s.state]:20s} {'' if s.state == 'done' else s.why}".rstrip())
+        note = _refusal(instance, s.day) if s.state == "done" else s.why
+        lines.append(f"  {s.day}  {STATE_LABELS[s.state]:20s} {note}".rstrip())
     lines.append("Registry:")
     lines += _registry_lines(home, now)
     lines.append(f"Online store: {_store_line(home)}")
@@ -45,6 +47,18 @@ def status(home: Path) -> tuple[str, int]:
     if blocked:
         lines.append(f"{len(blocked)} blocked day(s): {', '.join(blocked)}; {operating.RELEASE_HINT}")
     return "\n".join(lines), 1 if blocked else 0
+
+
+def _refusal(instance, day: str) -> str:
+    """'challenger vN refused: reasons' when day's promotion kept the champion, else ''."""
+    import dagster as dg
+
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("promotion"), asset_partitions=[day]), limit=1).records
+    meta = records[0].asset_materialization.metadata if records else {}
+    if "decision" not in meta or meta["decision"].value != "refused":
+        return ""
+    return f"challenger v{meta['challenger_version'].value} refused: {meta['reasons'].value}"
 
 
 def _registry_lines(home: Path, now: dt.datetime) -> list[str]:

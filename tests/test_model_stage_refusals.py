@@ -1,6 +1,7 @@
-"""The model stages' own refusals, which the blocking gates pre-empt in a daily run: promotion refuses a
-challenger the gates did not approve (or that no evaluation judged), and onnx_model refuses a champion whose
-registered graph is not its checkpoint. Each on a copy of the session's tiny run."""
+"""The model stages' own refusals, which a daily run never meets (challenger_evaluation judges the challenger
+before promotion, and the candidate's parity gate measures its graph): promotion refuses a challenger that no
+evaluation judged on the day, or whose recorded decision is none it knows, and onnx_model refuses a champion
+whose registered graph is not its checkpoint. Each on a copy of the session's tiny run."""
 
 from __future__ import annotations
 
@@ -35,15 +36,14 @@ def _error(result: dg.ExecuteInProcessResult) -> str:
 
 
 @pytest.mark.breaks("promotion:refusal")
-def test_promotion_refuses_a_challenger_the_gates_refused_and_one_never_evaluated(home):
+def test_promotion_refuses_a_challenger_with_an_unknown_decision_and_one_never_evaluated(home):
     home, report = home
     r = reg.default_registry(home)
     champion = r.by_alias(reg.CTR, "champion")      # day 3's candidate, approved on day 4
     promoted_on = champion.tags["evaluated_on"]
-    r.client.set_model_version_tag(reg.CTR, champion.version, "gate_decision", "refused")
-    r.client.set_model_version_tag(reg.CTR, champion.version, "gate_reasons", "challenger AUC below the champion's")
+    r.client.set_model_version_tag(reg.CTR, champion.version, "gate_decision", "pending")
     error = _error(_materialize(training.promotion, home, promoted_on))
-    assert f"genrank-ctr v{champion.version} was refused on {promoted_on}: challenger AUC below the champion's" in error
+    assert f"genrank-ctr v{champion.version} has the gate decision 'pending' on {promoted_on}, none of " in error
     # the last day's candidate has no next day to be evaluated on
     after_last = (dt.date.fromisoformat(report.days[-1]) + dt.timedelta(days=1)).isoformat()
     error = _error(_materialize(training.promotion, home, after_last))

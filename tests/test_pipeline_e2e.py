@@ -78,7 +78,7 @@ def test_a_champion_exists_with_its_evidence(pipeline_run):
 
 
 @pytest.mark.breaks("challenger_evaluation:gate_auc")
-def test_broken_challenger_is_refused_then_forced_then_rolled_back(pipeline_run):
+def test_broken_challenger_is_refused_then_forced_then_rolled_back(pipeline_run, capsys):
     home, report, _ = pipeline_run
     r = reg.default_registry(home)
     champion = r.by_alias(reg.CTR, "champion")
@@ -90,14 +90,27 @@ def test_broken_challenger_is_refused_then_forced_then_rolled_back(pipeline_run)
     broken_version = broken.get_asset_materialization_events()[0].event_specific_data.materialization.metadata["version"].value
     assert broken_version != champion.version
 
+    # A refusal is a decision: the run succeeds, the gates that refused are WARN checks, and promotion records
+    # the refusal with its reasons and keeps the champion; `genrank status` shows it on the day, exit code 0.
+    instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
     gated = dg.materialize([training.challenger_evaluation, training.promotion, training.promotion_gates],
-                           partition_key=day4, resources=_resources(home), raise_on_error=False)
-    failed = {e.check_name for e in gated.get_asset_check_evaluations() if not e.passed}
-    assert "gate_auc" in failed
-    assert not gated.is_node_success("promotion")
+                           partition_key=day4, resources=_resources(home), instance=instance)
+    failed = {e.check_name: e.severity for e in gated.get_asset_check_evaluations() if not e.passed}
+    assert "gate_auc" in failed and set(failed.values()) == {dg.AssetCheckSeverity.WARN}
+    [promoted] = [e.event_specific_data.materialization for e in gated.get_asset_materialization_events()
+                  if e.asset_key == dg.AssetKey("promotion")]
+    assert {k: promoted.metadata[k].value for k in ("decision", "promoted", "champion_version", "challenger_version")} \
+        == {"decision": "refused", "promoted": False, "champion_version": champion.version,
+            "challenger_version": broken_version}
+    assert "AUC" in promoted.metadata["reasons"].value
     assert r.by_alias(reg.CTR, "champion").version == champion.version
     refused = r.client.get_model_version(reg.CTR, broken_version)
     assert refused.tags["gate_decision"] == "refused" and "AUC" in refused.tags["gate_reasons"]
+    from pipelines.cli import main
+
+    assert main(["status", "--home", str(home)]) == 0
+    out = capsys.readouterr().out
+    assert f"  {day4}  processed            challenger v{broken_version} refused: " in out and "AUC" in out
     gates = json.loads((home / "lake" / "evaluations" / f"date={day4}" / "gates.json").read_text())
     assert gates["challenger_version"] == broken_version
 
@@ -108,8 +121,6 @@ def test_broken_challenger_is_refused_then_forced_then_rolled_back(pipeline_run)
     assert r.by_alias(reg.CTR, "champion").version == broken_version
     assert r.client.get_model_version(reg.CTR, broken_version).tags["gate_decision"] == "forced"
     assert r.by_alias(reg.CTR, "previous").version == champion.version
-
-    from pipelines.cli import main
 
     assert main(["rollback", "--home", str(home)]) == 0
     assert r.by_alias(reg.CTR, "champion").version == champion.version

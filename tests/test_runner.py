@@ -4,9 +4,15 @@ from pipelines.runner import DayResult, RunSummary
 
 
 def test_a_refused_challenger_is_a_decision_but_a_failed_teacher_fails_the_run():
-    refused = DayResult("2026-01-05", False, failed_checks=["challenger_evaluation:gate_auc"])
-    ok = DayResult("2026-01-06", True)
+    """A refusal is a successful day whose decision says so (its gates are WARN checks); a day whose run failed
+    is FAILED whatever the checks say, and so is a successful one with a failed ERROR check."""
+    refused = DayResult("2026-01-05", True, {"decision": "refused", "why": "challenger AUC 0.80 < champion AUC 0.82"})
+    ok = DayResult("2026-01-06", True, {"decision": "approved"})
+    assert (refused.status, ok.status) == ("refused", "ok")
     assert RunSummary([ok, refused]).ok
+    stopped = DayResult("2026-01-07", False, failed_checks=["events:events_schema"], error="events: schema")
+    assert stopped.status == "FAILED" and not RunSummary([ok, stopped]).ok
+    assert DayResult("2026-01-07", True, failed_checks=["serving_monitor:drift"]).status == "FAILED"
     assert not RunSummary([ok, DayResult("2026-01-07", False, error="teacher_model: out of memory")]).ok
     assert not RunSummary([ok, DayResult("2026-01-07", False, error="events: boom")]).ok
     assert not RunSummary([]).ok
@@ -17,8 +23,7 @@ def test_a_run_without_a_champion_says_why_in_one_line():
 
     early = [DayResult("2015-11-02", True), DayResult("2015-11-03", True)]
     assert "no challenger was judged in these 2 day(s)" in _why_no_champion(early)
-    refused = DayResult("2015-11-05", False, {"decision": "refused", "why": "challenger AUC 0.38 > baseline AUC 0.50: no"},
-                        ["challenger_evaluation:gate_auc"])
+    refused = DayResult("2015-11-05", True, {"decision": "refused", "why": "challenger AUC 0.38 > baseline AUC 0.50: no"})
     assert _why_no_champion([*early, refused]) == ("1 challenger(s) judged, none promoted; the newest, on 2015-11-05: "
                                                    "challenger AUC 0.38 > baseline AUC 0.50: no.")
     crashed = DayResult("2015-11-04", False, error="events: boom")

@@ -5,8 +5,10 @@ Flow of a daily run for day D (after events and sequences of D):
   student_candidate(D)     warm-started from the newest candidate, trained on D (labels + KD);
                            registered as a new genrank-ctr version with alias ``challenger``
   challenger_evaluation(D) the candidate of D-1 and the champion scored on D (out of time, serving
-                           conditions); the gates are its blocking checks
-  promotion(D)             moves ``champion`` (old one -> ``previous``); runs only if every gate passed
+                           conditions); the gates are its checks, WARN when they refuse
+  promotion(D)             moves ``champion`` (old one -> ``previous``) when every gate passed (or the
+                           evaluation was forced); a refused challenger leaves the champion and the run as
+                           they are and the refusal in its metadata: a decision, nobody needs paging
   onnx_model(D)            the champion's ONNX serving bundle in GENRANK_HOME/serving/champion/
 Every candidate is registered with its ONNX graph (deploy/onnx_export.py); the graph, not the torch
 checkpoint, is what the parity and latency gates measure and what `genrank serve` runs.
@@ -517,8 +519,8 @@ def _gates_path(paths: GenrankPaths, day: str) -> Path:
     output_required=False,
     description="Yesterday's candidate and the current champion (or, before the first promotion, the "
                 "per-bucket historical-CTR baseline) scored on day D under serving conditions, and the candidate "
-                "shadow-scored on the champion's logged requests of D (none logged: not shadow-scored); the gates "
-                "are blocking checks, so promotion only runs when all pass.",
+                "shadow-scored on the champion's logged requests of D (none logged: not shadow-scored); each gate "
+                "is a check of this asset, WARN when it refuses (a refusal is a decision, not a failed run).",
 )
 def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationConfig, paths: GenrankPaths,
                           mlflow: MlflowResource):
@@ -563,24 +565,26 @@ def challenger_evaluation(context: dg.AssetExecutionContext, config: EvaluationC
 
 
 @dg.multi_asset_check(
-    specs=[dg.AssetCheckSpec(f"gate_{g}", asset="challenger_evaluation", blocking=True) for g in GATES],
+    specs=[dg.AssetCheckSpec(f"gate_{g}", asset="challenger_evaluation") for g in GATES],
     can_subset=False,
 )
 def promotion_gates(context: dg.AssetCheckExecutionContext, paths: GenrankPaths):
-    """The gates of the day's evaluation; blocking, so a refused challenger never reaches promotion."""
+    """The gates of the day's evaluation, WARN when they refuse: a refused challenger is a decision the
+    registry records (promotion leaves the champion), not a run an on-call engineer must look at."""
     [day] = run_partition_days(context.run.tags)
     challenger_version, forced, gates = evaluation.read_gates(_gates_path(paths, day))
     for g in gates:
         yield dg.AssetCheckResult(
             check_name=f"gate_{g.name}", asset_key="challenger_evaluation",
-            passed=bool(g.passed or forced), severity=dg.AssetCheckSeverity.ERROR, description=g.reason,
+            passed=bool(g.passed or forced), severity=dg.AssetCheckSeverity.WARN, description=g.reason,
             metadata={"observed": float(g.observed), "threshold": float(g.threshold), "reason": g.reason,
                       "challenger_version": challenger_version, "forced": bool(forced and not g.passed)})
 
 
 @dg.asset(group_name=GROUP, partitions_def=daily_partitions(), deps=[challenger_evaluation], pool="training",
-          description="Moves 'champion' to the challenger that passed today's gates; the old champion becomes "
-                      "'previous' (what `genrank rollback` restores).")
+          description="Moves 'champion' to the challenger that passed today's gates (or was forced through); the "
+                      "old champion becomes 'previous' (what `genrank rollback` restores). A refused challenger "
+                      "leaves the aliases as they are: materialised with decision 'refused' and the gates' reasons.")
 def promotion(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: MlflowResource) -> dg.MaterializeResult:
     day = context.partition_key
     yesterday = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
@@ -588,28 +592,39 @@ def promotion(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: Ml
     challenger = r.find(reg.CTR, partition=yesterday)
     if challenger is None or challenger.tags.get("evaluated_on") != day:
         raise ValueError(f"no challenger evaluated on {day}: materialise challenger_evaluation for {day} first")
-    decision = challenger.tags.get("gate_decision")
+    decision, reasons = challenger.tags.get("gate_decision"), challenger.tags.get("gate_reasons", "")
+    if decision == "refused":
+        champion = r.by_alias(reg.CTR, "champion")
+        context.log.warning(f"genrank-ctr v{challenger.version} was refused on {day}: {reasons}; the champion stays "
+                            f"{f'v{champion.version}' if champion else 'none'}")
+        return dg.MaterializeResult(metadata={
+            "champion_version": champion.version if champion else "none", "previous_version": "unchanged",
+            "promoted": False, "challenger_version": challenger.version, "decision": decision, "reasons": reasons})
     if decision not in ("approved", "forced"):
-        raise ValueError(f"genrank-ctr v{challenger.version} was {decision} on {day}: {challenger.tags.get('gate_reasons')}")
-    demoted = r.promote(reg.CTR, challenger.version, f"{decision} on {day}: {challenger.tags.get('gate_reasons')}")
+        raise ValueError(f"genrank-ctr v{challenger.version} has the gate decision {decision!r} on {day}, none of "
+                         f"approved, forced or refused: {reasons}")
+    demoted = r.promote(reg.CTR, challenger.version, f"{decision} on {day}: {reasons}")
     return dg.MaterializeResult(metadata={
-        "champion_version": challenger.version, "previous_version": demoted or "unchanged", "decision": decision,
-        "reasons": challenger.tags.get("gate_reasons", ""),
+        "champion_version": challenger.version, "previous_version": demoted or "unchanged", "promoted": True,
+        "challenger_version": challenger.version, "decision": decision, "reasons": reasons,
     })
 
 
 @dg.asset(group_name=GROUP, partitions_def=daily_partitions(), deps=[promotion], pool="training",
-          description="The champion's ONNX graph and serving config, as promoted on day D, in "
+          output_required=False,
+          description="The champion's ONNX graph and serving config after day D's promotion, in "
                       "GENRANK_HOME/serving/champion/ (the bundle a serving host deploys; `genrank serve` reads "
-                      "the same files from the registry), smoke-scored with onnxruntime on D's requests.")
-def onnx_model(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: MlflowResource) -> dg.MaterializeResult:
+                      "the same files from the registry), smoke-scored with onnxruntime on D's requests. Nothing "
+                      "when no challenger has been promoted yet (the first one was refused).")
+def onnx_model(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: MlflowResource):
     from models import load_model
 
     day = context.partition_key
     r = _registry(paths, mlflow)
     champion = r.by_alias(reg.CTR, "champion")
     if champion is None:
-        raise ValueError(f"no {reg.CTR} champion on {day}: promotion must have run first")
+        context.log.info(f"no {reg.CTR} champion after {day}'s promotion (its challenger was refused): nothing to export")
+        return
     final = paths.root / "serving" / "champion"
     with staged_dir(final) as staging:
         model = load_model(str(r.checkpoint(reg.CTR, champion.version, staging / "download")))
@@ -625,9 +640,10 @@ def onnx_model(context: dg.AssetExecutionContext, paths: GenrankPaths, mlflow: M
                              f"{check.max_abs_diff:.2e} on {day}'s requests")
         digest = hashlib.sha256((staging / bundle.onnx.name).read_bytes()).hexdigest()
         (staging / "champion.json").write_text(json.dumps({
-            "model": reg.CTR, "version": champion.version, "promoted_on": day, "onnx_sha256": digest,
+            "model": reg.CTR, "version": champion.version, "promoted_on": champion.tags.get("evaluated_on", day),
+            "onnx_sha256": digest,
             "providers": scorer.providers}, indent=1))
-    return dg.MaterializeResult(metadata={
+    yield dg.MaterializeResult(metadata={
         "champion_version": champion.version, "path": dg.MetadataValue.path(str(final / bundle.onnx.name)),
         "onnx_sha256": digest, "size_bytes": (final / bundle.onnx.name).stat().st_size,
         "providers": ", ".join(scorer.providers), "parity_max_abs_diff": check.max_abs_diff,
