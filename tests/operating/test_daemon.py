@@ -7,9 +7,11 @@ services bind to 127.0.0.1 and are stopped by PID."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
 
 from deploy import registry as reg
 from pipelines import operating
-from tests.operating.services import LOCATION, DagsterStack, browse
+from deploy.stack import BIN
+from tests.operating.services import LOCATION, DagsterStack, Service, browse, free_port
 from transforms import landing
 
 pytestmark = pytest.mark.slow
@@ -152,7 +155,10 @@ def test_a_ui_backfill_then_the_landing_sensor_run_the_days_in_order_under_the_d
        the first teacher trains inside day 3's run; the garbage day fails a blocking events check, is not
        retried, and stays blocked with its reason while the sensor keeps ticking.
     3. The four days give what `genrank run` gives; headless Chromium renders the asset graph, the
-       backfill page and the gate checks of challenger_evaluation."""
+       backfill page and the gate checks of challenger_evaluation.
+    4. `genrank serve` runs the champion as a process, `genrank replay` sends the last day's requests to it over
+       HTTP, and the day's serving_monitor runs under the daemon (an asset backfill, as the UI launches one):
+       served, no skew, its checks on the asset's page."""
     reference_home, report, reference_stdout = tiny_pipeline
     home = tmp_path / "home"
     home.mkdir()
@@ -255,6 +261,64 @@ def test_a_ui_backfill_then_the_landing_sensor_run_the_days_in_order_under_the_d
             assert by_run[last_good.run_id]["status"] == "SUCCEEDED" and by_run[last_good.run_id]["evaluation"]["success"], gate
             assert by_run[blocked.run_id]["status"] == "EXECUTION_FAILED", gate
         assert "Execution failed" in " ".join(checks.split())
-        print(f"screenshots: {tmp_path / 'asset-graph.png'} {tmp_path / 'backfill.png'} {tmp_path / 'gates.png'}")
+
+        monitored = _serve_replay_and_monitor(stack, instance, home, report.days[-1], repo, tmp_path)
+        print(f"served and monitored {report.days[-1]}: {monitored}")
+        print(f"screenshots: {tmp_path / 'asset-graph.png'} {tmp_path / 'backfill.png'} {tmp_path / 'gates.png'} "
+              f"{tmp_path / 'monitor.png'}")
     finally:
         stack.stop()
+
+
+def _serve_replay_and_monitor(stack: DagsterStack, instance: dg.DagsterInstance, home: Path, day: str, repo: dict,
+                              tmp_path: Path) -> str:
+    """The champion served as users meet it: `genrank serve` as a process on the home, `genrank replay` sending
+    the day's first ad requests to it over HTTP, its prediction log then read by serving_monitor in a run the
+    daemon executes (an asset backfill launched as the UI launches it). The monitor sees the day as served, with
+    no skew, and its three checks are on the asset's page in headless Chromium."""
+    import httpx
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    service = Service("genrank-serve", [str(BIN / "genrank"), "serve", "--home", str(home), "--port", str(port)],
+                      {**stack.env, "GENRANK_SERVE_THREADS": "1"}, stack.folder)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                    break
+            assert service.proc.poll() is None and time.monotonic() < deadline, service.tail()
+            time.sleep(0.5)
+        replayed = subprocess.run([str(BIN / "genrank"), "replay", "--day", day, "--url", url, "--home", str(home),
+                                   "--max-requests", "40"], env=stack.env, capture_output=True, text=True, timeout=600)
+        assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    finally:
+        service.stop()   # SIGTERM: the service drains its prediction log on the way out
+    sent, ok = map(int, re.search(r"sent (\d+)\s+ok (\d+)", replayed.stdout).groups())
+    assert sent == 40 and ok > 0, replayed.stdout
+
+    launched = stack.graphql(BACKFILL, {"params": {"assetSelection": [{"path": ["serving_monitor"]}],
+                                                   "partitionNames": [day], "title": f"serving monitor {day}"}})
+    backfill_id = launched["launchPartitionBackfill"].get("backfillId")
+    assert backfill_id, launched
+    _wait_until(lambda: instance.get_backfill(backfill_id).status.value.startswith("COMPLETED")
+                and not instance.get_runs(dg.RunsFilter(statuses=NOT_FINISHED_STATUSES)),
+                stack, 900, "the serving_monitor backfill did not complete")
+    [record] = instance.fetch_materializations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey("serving_monitor"), asset_partitions=[day]), limit=1).records
+    run = instance.get_run_by_id(record.run_id)
+    assert run.tags.get("dagster/backfill") == backfill_id and run.status == dg.DagsterRunStatus.SUCCESS
+    metadata = record.asset_materialization.metadata
+    assert metadata["served"].value is True and metadata["logged_requests"].value == ok
+    statuses = {}
+    for check in ("skew", "drift", "live_calibration"):
+        history = stack.graphql(CHECK_EXECUTIONS, {"key": {"path": ["serving_monitor"]}, "check": check})
+        # a partitioned check leaves a PLANNED row for the partition beside its evaluation's row
+        [execution] = [e for e in history["assetCheckExecutions"]
+                       if e["runId"] == run.run_id and e["status"] != "PLANNED"]
+        statuses[check] = execution["status"]
+    assert statuses["skew"] == "SUCCEEDED" and set(statuses.values()) <= {"SUCCEEDED", "FAILED"}, statuses
+    page = " ".join(browse(f"{stack.url}/assets/serving_monitor?view=checks", tmp_path / "monitor.png").split())
+    assert all(check in page for check in statuses), page[:2000]
+    return f"{ok}/{sent} requests scored and logged; checks {statuses}"
