@@ -14,7 +14,9 @@ reconciliation of the two.
 | ``obd`` | :mod:`.obd` | ``open_bandit_dataset_small`` |
 
 Each module's docstring documents its field mapping; :mod:`.common` the shared conventions (UTC,
-synthetic click delay, ids, ordering, ``limit_users``, ``since``/``until``, ``fill_gaps``).
+synthetic click delay, ids, ordering, ``limit_users``, ``since``/``until``, ``fill_gaps``);
+:mod:`.skeleton` the one flow every importer follows, each module supplying only its dataset's
+parts as an :class:`~.skeleton.Importer`.
 Importer-specific options (passed as keyword arguments to :func:`import_dataset`):
 every importer: ``since``, ``until``, ``fill_gaps``; mind: ``history`` (default True);
 ebnerd: ``fmt`` (``auto``/``parquet``/``tsv``); obd: ``policy`` (``random``/``bts``), ``campaigns``.

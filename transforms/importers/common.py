@@ -1,4 +1,5 @@
-"""Shared machinery of the real-data importers: errors, the import report, the landing buffer.
+"""Shared machinery of the real-data importers: errors, source readers, the import report, the landing
+buffer and the accounting. :mod:`.skeleton` runs them in the one flow every importer follows.
 
 Every importer reads its source files strictly (a missing column, a short row or an unparsable value
 raises :class:`SourceDataError` naming the file, the line and what is wrong), turns each source unit
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +46,6 @@ from transforms.landing import (
     REQUIRED_KEYS,
     day_of_ms,
     dumps,
-    open_day,
     write_day,
 )
 
@@ -301,6 +300,31 @@ class LandingBuffer:
         self._seq += 1
         self._lines[day_of_ms(ts).isoformat()][kind].append((ts, self._seq, dumps(record)))
 
+    def impression(self, request_id: str, impression_id: str, user: str, ts_ms: int, *, ad_id: str,
+                   campaign_id: str, advertiser_id: str, category: str, brand: str, position: int = 1,
+                   surface: str = "feed", device: str = "web") -> None:
+        """An impression line; position 1 on the feed of the web is what a dataset without them gets."""
+        self.add("impressions", {
+            "request_id": request_id, "impression_id": impression_id, "user_id": user, "ts_ms": ts_ms,
+            "ad_id": ad_id, "campaign_id": campaign_id, "advertiser_id": advertiser_id,
+            "category_id": category, "brand_id": brand, "position": position, "surface": surface, "device": device,
+        })
+
+    def click(self, impression_id: str, request_id: str, user: str, ad_id: str, impression_ts_ms: int,
+              dwell_ms: int | None = None) -> None:
+        """The click on an impression, at the synthetic click time :func:`click_ts`."""
+        self.add("clicks", {
+            "impression_id": impression_id, "request_id": request_id, "user_id": user, "ad_id": ad_id,
+            "ts_ms": click_ts(impression_ts_ms), "click_type": "view_details", "dwell_ms": dwell_ms,
+        })
+
+    def view(self, user: str, ts_ms: int, item_id: str, category: str, brand: str) -> None:
+        """A behavior line: ``user`` read ``item_id`` at ``ts_ms``."""
+        self.add("behaviors", {
+            "user_id": user, "ts_ms": ts_ms, "item_id": item_id,
+            "category_id": category, "brand_id": brand, "action": "view",
+        })
+
     def counts(self) -> dict[str, int]:
         totals = dict.fromkeys(FILE_KINDS, 0)
         for kinds in self._lines.values():
@@ -323,19 +347,6 @@ class LandingBuffer:
         return days
 
 
-def read_back(out: Path, days: list[str]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    """Line counts per kind (total and per day) of the landed days, counted by decompressing every
-    file with :func:`transforms.landing.open_day` (which also checks them against ``_SUCCESS``)."""
-    totals = dict.fromkeys(FILE_KINDS, 0)
-    by_day: dict[str, dict[str, int]] = {}
-    for day in days:
-        counts = open_day(out, day, verify=True).line_counts
-        by_day[day] = {kind: counts[kind] for kind in FILE_KINDS}
-        for kind in FILE_KINDS:
-            totals[kind] += counts[kind]
-    return totals, by_day
-
-
 class Accounting:
     """Source-side counters of one import: rows, drops, expected lines and unit equations."""
 
@@ -348,6 +359,13 @@ class Accounting:
 
     def drop(self, file: str, reason: str, n: int = 1) -> None:
         self.dropped[f"{file}: {reason}"] += n
+
+    def drop_unit(self, reason: str, held: dict[str, int]) -> None:
+        """Count one dropped source unit (a row with its list elements) under ``reason`` in every file or
+        list column of ``held``, by how many of that file's rows the unit holds; a 0 counts nothing."""
+        for file, n in held.items():
+            if n:
+                self.drop(file, reason, n)
 
     def dropped_for(self, file: str) -> int:
         return sum(n for k, n in self.dropped.items() if k.startswith(f"{file}: "))
@@ -364,42 +382,3 @@ class Accounting:
         """Record that every source row of ``file`` landed (as one of ``landed`` ``landed_as``) or was dropped."""
         self.balance(f"{file} rows = {landed_as} landed + rows dropped", self.source_rows[file],
                      landed + self.dropped_for(file))
-
-
-def finish(
-    dataset: str,
-    src: Path,
-    out: Path,
-    options: dict[str, Any],
-    acc: Accounting,
-    buf: LandingBuffer,
-    fill_gaps: bool,
-    started: float,
-    window: Window | None = None,
-) -> ImportReport:
-    out = Path(out)
-    built = buf.counts()
-    days = buf.write(out, fill_gaps=fill_gaps, window=window)
-    landed, by_day = read_back(out, days)
-    checks = [Check(what, total, accounted) for what, total, accounted in acc.units]
-    for kind in FILE_KINDS:
-        checks.append(Check(f"{kind} lines derived from the source = lines built", acc.expected[kind], built[kind]))
-        checks.append(Check(f"{kind} lines built = lines landed (read back)", built[kind], landed[kind]))
-    report = ImportReport(
-        dataset=dataset,
-        src=Path(src),
-        out=out,
-        options={k: v for k, v in options.items() if v not in (None, False)},
-        source_rows=dict(acc.source_rows),
-        expected_lines=dict(acc.expected),
-        landed_lines=landed,
-        landed_lines_by_day=by_day,
-        days=days,
-        dropped=dict(sorted(acc.dropped.items())),
-        checks=checks,
-        notes=list(acc.notes),
-        reconciled=all(c.ok for c in checks),
-        seconds=time.perf_counter() - started,
-    )
-    return report
-

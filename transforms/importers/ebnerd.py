@@ -34,28 +34,13 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import math
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from transforms.importers.common import (
-    REASON_OUTSIDE_RANGE,
-    REASON_USER_SLICE,
-    UNKNOWN,
-    Accounting,
-    ImportReport,
-    LandingBuffer,
-    SourceDataError,
-    Window,
-    click_ts,
-    finish,
-    naive_utc_ms,
-    read_csv,
-    require_dir,
-    require_file,
-    sort_key,
-    user_slice,
+    UNKNOWN, Accounting, ImportReport, LandingBuffer, SourceDataError, naive_utc_ms, read_csv, require_file, sort_key,
 )
+from transforms.importers.skeleton import Importer, Selection
 
 DATASET = "ebnerd"
 DEVICE_MAP = {1: "web", 2: "android", 3: "ios"}
@@ -172,131 +157,115 @@ def _id(value: Any, path: Path, row: int, column: str) -> str:
     return str(value)
 
 
-def import_ebnerd(
-    src: str | Path,
-    out: str | Path,
-    limit_users: int | None = None,
-    *,
-    fmt: str = "auto",
-    since: str | None = None,
-    until: str | None = None,
-    fill_gaps: bool = False,
-) -> ImportReport:
-    started = time.perf_counter()
-    src = require_dir(src, DATASET)
-    b_path, b_fmt = _source(src, "behaviors", fmt)
-    h_path, h_fmt = _source(src, "history", fmt)
-    window = Window.of(since, until)
-    acc, buf = Accounting(), LandingBuffer()
+class EbNerd(Importer):
+    dataset = DATASET
 
-    behaviors = _read_parquet(b_path, BEHAVIOR_COLUMNS) if b_fmt == "parquet" else _read_behaviors_tsv(b_path)
-    histories = _read_parquet(h_path, HISTORY_COLUMNS) if h_fmt == "parquet" else _read_history_tsv(h_path)
-    B, H = b_path.name, h_path.name
-    inview_key, clicked_key, reads_key = f"{B} [article_ids_inview]", f"{B} [article_ids_clicked]", f"{H} [reads]"
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
 
-    # validate and normalise
-    rows = []
-    for i, r in enumerate(behaviors, start=1):
-        where = r.get("_line", i)
-        when = r["impression_time"]
-        if not isinstance(when, dt.datetime):
-            raise SourceDataError(f"{b_path} row {where}: impression_time is missing")
-        rows.append({
-            "impression_id": _id(r["impression_id"], b_path, where, "impression_id"),
-            "user": _id(r["user_id"], b_path, where, "user_id"),
-            "ts": naive_utc_ms(when),
-            "front_page": r["article_id"] is None,
-            "device_type": r["device_type"],
-            "inview": [_id(a, b_path, where, "article_ids_inview") for a in (r["article_ids_inview"] or [])],
-            "clicked": [_id(a, b_path, where, "article_ids_clicked") for a in (r["article_ids_clicked"] or [])],
-            "dwell": r["next_read_time"],
-        })
-    hist = []
-    for i, r in enumerate(histories, start=1):
-        where = r.get("_line", i)
-        times, arts = r["impression_time_fixed"] or [], r["article_id_fixed"] or []
-        if len(times) != len(arts):
-            raise SourceDataError(
-                f"{h_path} row {where}: impression_time_fixed has {len(times)} entries but article_id_fixed {len(arts)}"
-            )
-        hist.append((_id(r["user_id"], h_path, where, "user_id"),
-                     [(naive_utc_ms(t) if isinstance(t, dt.datetime) else None, _id(a, h_path, where, "article_id_fixed"))
-                      for t, a in zip(times, arts)]))
+    def locate(self, src: Path) -> None:
+        self.b_path, self.b_fmt = _source(src, "behaviors", self.fmt)
+        self.h_path, self.h_fmt = _source(src, "history", self.fmt)
 
-    acc.source_rows[B] = len(rows)
-    acc.source_rows[inview_key] = sum(len(r["inview"]) for r in rows)
-    acc.source_rows[clicked_key] = sum(len(r["clicked"]) for r in rows)
-    acc.source_rows[H] = len(hist)
-    acc.source_rows[reads_key] = sum(len(reads) for _, reads in hist)
+    def read(self, acc: Accounting) -> Iterable[Any]:
+        b_path, h_path = self.b_path, self.h_path
+        behaviors = _read_parquet(b_path, BEHAVIOR_COLUMNS) if self.b_fmt == "parquet" else _read_behaviors_tsv(b_path)
+        histories = _read_parquet(h_path, HISTORY_COLUMNS) if self.h_fmt == "parquet" else _read_history_tsv(h_path)
+        B, H = b_path.name, h_path.name
+        self.inview_key, self.clicked_key, self.reads_key = (
+            f"{B} [article_ids_inview]", f"{B} [article_ids_clicked]", f"{H} [reads]")
 
-    keep_users = user_slice([r["user"] for r in rows] + [u for u, _ in hist], limit_users)
-    landed_rows = landed_clicks = 0
-    odd_devices = 0
-    for r in rows:
-        reason = None
-        if keep_users is not None and r["user"] not in keep_users:
-            reason = REASON_USER_SLICE
-        elif not window.contains(r["ts"]):
-            reason = REASON_OUTSIDE_RANGE
-        elif not r["inview"]:
-            reason = REASON_NO_INVIEW
-        if reason:
-            acc.drop(B, reason)
-            if r["inview"]:
-                acc.drop(inview_key, reason, len(r["inview"]))
-            if r["clicked"]:
-                acc.drop(clicked_key, reason, len(r["clicked"]))
-            continue
-        landed_rows += 1
-        request_id, user, ts = f"eb-r{r['impression_id']}", r["user"], r["ts"]
-        device = DEVICE_MAP.get(r["device_type"])
-        if device is None:
-            device, odd_devices = DEFAULT_DEVICE, odd_devices + 1
-        surface = "feed" if r["front_page"] else "detail"
-        index: dict[str, int] = {}
-        for k, article in enumerate(r["inview"]):
-            index.setdefault(article, k)
-            buf.add("impressions", {
-                "request_id": request_id, "impression_id": f"eb-i{r['impression_id']}-{k}", "user_id": user,
-                "ts_ms": ts, "ad_id": article, "campaign_id": article, "advertiser_id": "ekstrabladet",
-                "category_id": UNKNOWN, "brand_id": UNKNOWN, "position": 1, "surface": surface, "device": device,
+        # validate and normalise
+        self.rows = []
+        for i, r in enumerate(behaviors, start=1):
+            where = r.get("_line", i)
+            when = r["impression_time"]
+            if not isinstance(when, dt.datetime):
+                raise SourceDataError(f"{b_path} row {where}: impression_time is missing")
+            self.rows.append({
+                "impression_id": _id(r["impression_id"], b_path, where, "impression_id"),
+                "user": _id(r["user_id"], b_path, where, "user_id"),
+                "ts": naive_utc_ms(when),
+                "front_page": r["article_id"] is None,
+                "device_type": r["device_type"],
+                "inview": [_id(a, b_path, where, "article_ids_inview") for a in (r["article_ids_inview"] or [])],
+                "clicked": [_id(a, b_path, where, "article_ids_clicked") for a in (r["article_ids_clicked"] or [])],
+                "dwell": r["next_read_time"],
             })
-        dwell = r["dwell"]
-        dwell_ms = None if dwell is None or (isinstance(dwell, float) and math.isnan(dwell)) else int(round(dwell * 1000))
-        for article in r["clicked"]:
-            if article not in index:
-                acc.drop(clicked_key, REASON_CLICK_NOT_IN_VIEW)
+        self.hist = []
+        for i, r in enumerate(histories, start=1):
+            where = r.get("_line", i)
+            times, arts = r["impression_time_fixed"] or [], r["article_id_fixed"] or []
+            if len(times) != len(arts):
+                raise SourceDataError(f"{h_path} row {where}: impression_time_fixed has {len(times)} entries "
+                                      f"but article_id_fixed {len(arts)}")
+            self.hist.append((_id(r["user_id"], h_path, where, "user_id"),
+                              [(naive_utc_ms(t) if isinstance(t, dt.datetime) else None,
+                                _id(a, h_path, where, "article_id_fixed")) for t, a in zip(times, arts)]))
+
+        acc.source_rows[B] = len(self.rows)
+        acc.source_rows[self.inview_key] = sum(len(r["inview"]) for r in self.rows)
+        acc.source_rows[self.clicked_key] = sum(len(r["clicked"]) for r in self.rows)
+        acc.source_rows[H] = len(self.hist)
+        acc.source_rows[self.reads_key] = sum(len(reads) for _, reads in self.hist)
+        return [r["user"] for r in self.rows] + [u for u, _ in self.hist]
+
+    def land(self, selection: Selection, acc: Accounting, buf: LandingBuffer) -> None:
+        B, inview_key, clicked_key, reads_key = self.b_path.name, self.inview_key, self.clicked_key, self.reads_key
+        landed_rows = landed_clicks = 0
+        odd_devices = 0
+        for r in self.rows:
+            reason = selection.excluded(r["user"], r["ts"]) or (None if r["inview"] else REASON_NO_INVIEW)
+            if reason:
+                acc.drop_unit(reason, {B: 1, inview_key: len(r["inview"]), clicked_key: len(r["clicked"])})
                 continue
-            buf.add("clicks", {
-                "impression_id": f"eb-i{r['impression_id']}-{index[article]}", "request_id": request_id,
-                "user_id": user, "ad_id": article, "ts_ms": click_ts(ts), "click_type": "view_details",
-                "dwell_ms": dwell_ms,
-            })
-            landed_clicks += 1
+            landed_rows += 1
+            request_id, user, ts = f"eb-r{r['impression_id']}", r["user"], r["ts"]
+            device = DEVICE_MAP.get(r["device_type"])
+            if device is None:
+                device, odd_devices = DEFAULT_DEVICE, odd_devices + 1
+            surface = "feed" if r["front_page"] else "detail"
+            index: dict[str, int] = {}
+            for k, article in enumerate(r["inview"]):
+                index.setdefault(article, k)
+                buf.impression(request_id, f"eb-i{r['impression_id']}-{k}", user, ts, ad_id=article,
+                               campaign_id=article, advertiser_id="ekstrabladet", category=UNKNOWN, brand=UNKNOWN,
+                               surface=surface, device=device)
+            dwell = r["dwell"]
+            missing = dwell is None or (isinstance(dwell, float) and math.isnan(dwell))
+            dwell_ms = None if missing else int(round(dwell * 1000))
+            for article in r["clicked"]:
+                if article not in index:
+                    acc.drop(clicked_key, REASON_CLICK_NOT_IN_VIEW)
+                    continue
+                buf.click(f"eb-i{r['impression_id']}-{index[article]}", request_id, user, article, ts, dwell_ms)
+                landed_clicks += 1
 
-    landed_reads = 0
-    for user, reads in sorted(hist, key=lambda h: sort_key(h[0])):
-        for ts, article in reads:
-            if keep_users is not None and user not in keep_users:
-                acc.drop(reads_key, REASON_USER_SLICE)
-            elif ts is None:
-                acc.drop(reads_key, REASON_NO_TIME)
-            elif not window.contains(ts):
-                acc.drop(reads_key, REASON_OUTSIDE_RANGE)
-            else:
-                buf.add("behaviors", {
-                    "user_id": user, "ts_ms": ts, "item_id": article,
-                    "category_id": UNKNOWN, "brand_id": UNKNOWN, "action": "view",
-                })
+        landed_reads = 0
+        for user, reads in sorted(self.hist, key=lambda h: sort_key(h[0])):
+            for ts, article in reads:
+                # the user slice is asked first, then whether the read has a time at all
+                reason = REASON_NO_TIME if ts is None and selection.keeps(user) else selection.excluded(user, ts)
+                if reason:
+                    acc.drop(reads_key, reason)
+                    continue
+                buf.view(user, ts, article, UNKNOWN, UNKNOWN)
                 landed_reads += 1
 
-    acc.expected.update(impressions=acc.kept(inview_key), clicks=acc.kept(clicked_key), behaviors=acc.kept(reads_key))
-    acc.balance_rows(B, "rows", landed_rows)
-    acc.balance_rows(clicked_key, "clicks", landed_clicks)
-    acc.balance_rows(reads_key, "behaviors", landed_reads)
-    acc.notes.append(f"read {B} and {H} ({b_fmt}/{h_fmt}); naive times read as UTC")
-    if odd_devices:
-        acc.notes.append(f"{odd_devices} requests with a missing or unknown device_type landed as device '{DEFAULT_DEVICE}'")
-    options = {"limit_users": limit_users, "fmt": None if fmt == "auto" else fmt, "since": window.since,
-               "until": window.until, "fill_gaps": fill_gaps}
-    return finish(DATASET, src, Path(out), options, acc, buf, fill_gaps, started, window)
+        acc.expected.update(impressions=acc.kept(inview_key), clicks=acc.kept(clicked_key),
+                            behaviors=acc.kept(reads_key))
+        acc.balance_rows(B, "rows", landed_rows)
+        acc.balance_rows(clicked_key, "clicks", landed_clicks)
+        acc.balance_rows(reads_key, "behaviors", landed_reads)
+        acc.notes.append(f"read {B} and {self.h_path.name} ({self.b_fmt}/{self.h_fmt}); naive times read as UTC")
+        if odd_devices:
+            acc.notes.append(
+                f"{odd_devices} requests with a missing or unknown device_type landed as device '{DEFAULT_DEVICE}'")
+
+    def options(self) -> dict[str, Any]:
+        return {"fmt": None if self.fmt == "auto" else self.fmt}
+
+
+def import_ebnerd(src: str | Path, out: str | Path, limit_users: int | None = None, *, fmt: str = "auto",
+                  since: str | None = None, until: str | None = None, fill_gaps: bool = False) -> ImportReport:
+    return EbNerd(fmt).run(src, out, limit_users, since, until, fill_gaps)

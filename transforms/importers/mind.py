@@ -31,27 +31,14 @@ Mapping:
 from __future__ import annotations
 
 import datetime as dt
-import time
 from pathlib import Path
+from typing import Any, Iterable
 
 from transforms.importers.common import (
-    REASON_OUTSIDE_RANGE,
-    REASON_USER_SLICE,
-    UNKNOWN,
-    Accounting,
-    ImportReport,
-    LandingBuffer,
-    SourceDataError,
-    Window,
-    click_ts,
-    finish,
-    naive_utc_ms,
-    read_tsv_rows,
-    require_dir,
-    require_file,
-    sort_key,
-    user_slice,
+    REASON_USER_SLICE, UNKNOWN, Accounting, ImportReport, LandingBuffer, SourceDataError, naive_utc_ms, read_tsv_rows,
+    require_file, sort_key,
 )
+from transforms.importers.skeleton import Importer, Selection
 from transforms.landing import DAY_MS
 
 DATASET = "mind"
@@ -66,143 +53,125 @@ LABELLED = f"{BEHAVIORS} [exposures labelled 1]"
 HISTORY = f"{BEHAVIORS} [history items, earliest row per user]"
 
 
-def import_mind(
-    src: str | Path,
-    out: str | Path,
-    limit_users: int | None = None,
-    *,
-    history: bool = True,
-    since: str | None = None,
-    until: str | None = None,
-    fill_gaps: bool = False,
-) -> ImportReport:
-    started = time.perf_counter()
-    src = require_dir(src, DATASET)
-    behaviors_path = require_file(src, BEHAVIORS, DATASET)
-    news_path = require_file(src, NEWS, DATASET)
-    window = Window.of(since, until)
-    acc, buf = Accounting(), LandingBuffer()
+class Mind(Importer):
+    dataset = DATASET
 
-    news: dict[str, tuple[str, str]] = {}
-    n_news = 0
-    for line, f in read_tsv_rows(news_path, 8):
-        if not f[0]:
-            raise SourceDataError(f"{news_path} line {line}: empty news_id")
-        news[f[0]] = (f[1] or UNKNOWN, f[2] or UNKNOWN)
-        n_news += 1
-    acc.source_rows[NEWS] = n_news
+    def __init__(self, history: bool) -> None:
+        self.history = history
 
-    rows = []  # (ts, file order, impression_id, user, history list, [(news, label)])
-    for line, f in read_tsv_rows(behaviors_path, 5):
-        imp_id, user, when, hist, imps = f
-        if not imp_id or not user:
-            raise SourceDataError(f"{behaviors_path} line {line}: empty impression_id or user_id")
-        try:
-            ts = naive_utc_ms(dt.datetime.strptime(when, TIME_FORMAT))
-        except ValueError:
-            raise SourceDataError(
-                f"{behaviors_path} line {line}: time {when!r} is not 'M/D/YYYY h:mm:ss AM/PM'"
-            ) from None
-        pairs = []
-        for token in imps.split():
-            news_id, sep, label = token.rpartition("-")
-            if not sep or not news_id or label not in ("0", "1"):
-                raise SourceDataError(
-                    f"{behaviors_path} line {line}: impressions entry {token!r} is not 'NewsID-0' or 'NewsID-1'"
-                )
-            pairs.append((news_id, label == "1"))
-        rows.append((ts, line, imp_id, user, hist.split(), pairs))
-    if not rows:
-        raise SourceDataError(f"{behaviors_path}: no rows")
+    def locate(self, src: Path) -> None:
+        self.behaviors_path = require_file(src, BEHAVIORS, DATASET)
+        self.news_path = require_file(src, NEWS, DATASET)
 
-    acc.source_rows[BEHAVIORS] = len(rows)
-    acc.source_rows[EXPOSURES] = sum(len(r[5]) for r in rows)
-    acc.source_rows[LABELLED] = sum(sum(1 for _, c in r[5] if c) for r in rows)
-    rows.sort(key=lambda r: (r[0], r[1]))
-    first_row: dict[str, tuple] = {}
-    differing = set()
-    for r in rows:
-        if r[3] not in first_row:
-            first_row[r[3]] = r
-        elif r[4] != first_row[r[3]][4]:
-            differing.add(r[3])
-    acc.source_rows[HISTORY] = sum(len(r[4]) for r in first_row.values())
-    window_start = (rows[0][0] // DAY_MS) * DAY_MS
+    def read(self, acc: Accounting) -> Iterable[Any]:
+        self.news: dict[str, tuple[str, str]] = {}
+        n_news = 0
+        for line, f in read_tsv_rows(self.news_path, 8):
+            if not f[0]:
+                raise SourceDataError(f"{self.news_path} line {line}: empty news_id")
+            self.news[f[0]] = (f[1] or UNKNOWN, f[2] or UNKNOWN)
+            n_news += 1
+        acc.source_rows[NEWS] = n_news
 
-    def meta(news_id: str) -> tuple[str, str]:
-        return news.get(news_id, (UNKNOWN, UNKNOWN))
+        path = self.behaviors_path
+        rows = []  # (ts, file order, impression_id, user, history list, [(news, label)])
+        for line, f in read_tsv_rows(path, 5):
+            imp_id, user, when, hist, imps = f
+            if not imp_id or not user:
+                raise SourceDataError(f"{path} line {line}: empty impression_id or user_id")
+            try:
+                ts = naive_utc_ms(dt.datetime.strptime(when, TIME_FORMAT))
+            except ValueError:
+                raise SourceDataError(f"{path} line {line}: time {when!r} is not 'M/D/YYYY h:mm:ss AM/PM'") from None
+            pairs = []
+            for token in imps.split():
+                news_id, sep, label = token.rpartition("-")
+                if not sep or not news_id or label not in ("0", "1"):
+                    raise SourceDataError(
+                        f"{path} line {line}: impressions entry {token!r} is not 'NewsID-0' or 'NewsID-1'"
+                    )
+                pairs.append((news_id, label == "1"))
+            rows.append((ts, line, imp_id, user, hist.split(), pairs))
+        if not rows:
+            raise SourceDataError(f"{path}: no rows")
 
-    keep_users = user_slice(first_row, limit_users)
-    landed_rows = 0
-    for ts, _, imp_id, user, _hist, pairs in sorted(rows, key=lambda r: r[1]):  # file order
-        reason = None
-        if keep_users is not None and user not in keep_users:
-            reason = REASON_USER_SLICE
-        elif not window.contains(ts):
-            reason = REASON_OUTSIDE_RANGE
-        elif not pairs:
-            reason = REASON_EMPTY
-        if reason:
-            acc.drop(BEHAVIORS, reason)
-            if pairs:
-                acc.drop(EXPOSURES, reason, len(pairs))
-            if any(c for _, c in pairs):
-                acc.drop(LABELLED, reason, sum(1 for _, c in pairs if c))
-            continue
-        landed_rows += 1
-        request_id = f"mind-r{imp_id}"
-        for k, (news_id, clicked) in enumerate(pairs):
-            impression_id = f"mind-i{imp_id}-{k}"
-            category, brand = meta(news_id)
-            buf.add("impressions", {
-                "request_id": request_id, "impression_id": impression_id, "user_id": user, "ts_ms": ts,
-                "ad_id": news_id, "campaign_id": news_id, "advertiser_id": "msn",
-                "category_id": category, "brand_id": brand, "position": 1, "surface": "feed", "device": "web",
-            })
-            if clicked:
-                buf.add("clicks", {
-                    "impression_id": impression_id, "request_id": request_id, "user_id": user, "ad_id": news_id,
-                    "ts_ms": click_ts(ts), "click_type": "view_details", "dwell_ms": None,
-                })
+        acc.source_rows[BEHAVIORS] = len(rows)
+        acc.source_rows[EXPOSURES] = sum(len(r[5]) for r in rows)
+        acc.source_rows[LABELLED] = sum(sum(1 for _, c in r[5] if c) for r in rows)
+        rows.sort(key=lambda r: (r[0], r[1]))
+        self.first_row: dict[str, tuple] = {}
+        self.differing = set()
+        for r in rows:
+            if r[3] not in self.first_row:
+                self.first_row[r[3]] = r
+            elif r[4] != self.first_row[r[3]][4]:
+                self.differing.add(r[3])
+        acc.source_rows[HISTORY] = sum(len(r[4]) for r in self.first_row.values())
+        self.window_start = (rows[0][0] // DAY_MS) * DAY_MS
+        self.rows = rows
+        return self.first_row
 
-    landed_history = 0
-    for user in sorted(first_row, key=sort_key):
-        items = first_row[user][4]
-        if not items:
-            continue
-        if keep_users is not None and user not in keep_users:
-            acc.drop(HISTORY, REASON_USER_SLICE, len(items))
-            continue
-        if not history:
-            acc.drop(HISTORY, REASON_NO_HISTORY, len(items))
-            continue
-        n = len(items)
-        for k, news_id in enumerate(items):
-            ts = window_start - (n - k) * HISTORY_STEP_MS
-            if not window.contains(ts):
-                acc.drop(HISTORY, REASON_OUTSIDE_RANGE)
+    def meta(self, news_id: str) -> tuple[str, str]:
+        return self.news.get(news_id, (UNKNOWN, UNKNOWN))
+
+    def land(self, selection: Selection, acc: Accounting, buf: LandingBuffer) -> None:
+        landed_rows = 0
+        for ts, _, imp_id, user, _hist, pairs in sorted(self.rows, key=lambda r: r[1]):  # file order
+            reason = selection.excluded(user, ts) or (None if pairs else REASON_EMPTY)
+            if reason:
+                acc.drop_unit(reason, {BEHAVIORS: 1, EXPOSURES: len(pairs), LABELLED: sum(1 for _, c in pairs if c)})
                 continue
-            category, brand = meta(news_id)
-            buf.add("behaviors", {
-                "user_id": user, "ts_ms": ts, "item_id": news_id,
-                "category_id": category, "brand_id": brand, "action": "view",
-            })
-            landed_history += 1
+            landed_rows += 1
+            request_id = f"mind-r{imp_id}"
+            for k, (news_id, clicked) in enumerate(pairs):
+                impression_id = f"mind-i{imp_id}-{k}"
+                category, brand = self.meta(news_id)
+                buf.impression(request_id, impression_id, user, ts, ad_id=news_id, campaign_id=news_id,
+                               advertiser_id="msn", category=category, brand=brand)
+                if clicked:
+                    buf.click(impression_id, request_id, user, news_id, ts)
 
-    acc.expected.update(impressions=acc.kept(EXPOSURES), clicks=acc.kept(LABELLED), behaviors=acc.kept(HISTORY))
-    acc.balance_rows(BEHAVIORS, "rows", landed_rows)
-    acc.balance_rows(HISTORY, "behaviors", landed_history)
-    covered = sum(1 for r in rows for n_id, _ in r[5] if n_id in news)
-    acc.notes.append(
-        f"news.tsv gives a category for {covered:,} of {acc.source_rows[EXPOSURES]:,} exposures; the rest are 'unknown'"
-    )
-    acc.notes.append(
-        f"history lines are synthetic-timed: 1 min apart, ending 1 min before "
-        f"{dt.datetime.fromtimestamp(window_start / 1000, dt.timezone.utc):%Y-%m-%d} 00:00 UTC"
-        if history else "history column not landed (history=False)"
-    )
-    if differing:
-        acc.notes.append(f"{len(differing)} users have different histories on different rows; the earliest row's was landed")
-    options = {"limit_users": limit_users, "history": None if history else "off", "since": window.since,
-               "until": window.until, "fill_gaps": fill_gaps}
-    return finish(DATASET, src, Path(out), options, acc, buf, fill_gaps, started, window)
+        landed_history = 0
+        for user in sorted(self.first_row, key=sort_key):
+            items = self.first_row[user][4]
+            if not items:
+                continue
+            if not selection.keeps(user):
+                acc.drop(HISTORY, REASON_USER_SLICE, len(items))
+                continue
+            if not self.history:
+                acc.drop(HISTORY, REASON_NO_HISTORY, len(items))
+                continue
+            n = len(items)
+            for k, news_id in enumerate(items):
+                ts = self.window_start - (n - k) * HISTORY_STEP_MS
+                reason = selection.excluded(user, ts)
+                if reason:
+                    acc.drop(HISTORY, reason)
+                    continue
+                buf.view(user, ts, news_id, *self.meta(news_id))
+                landed_history += 1
+
+        acc.expected.update(impressions=acc.kept(EXPOSURES), clicks=acc.kept(LABELLED), behaviors=acc.kept(HISTORY))
+        acc.balance_rows(BEHAVIORS, "rows", landed_rows)
+        acc.balance_rows(HISTORY, "behaviors", landed_history)
+        covered = sum(1 for r in self.rows for n_id, _ in r[5] if n_id in self.news)
+        acc.notes.append(f"news.tsv gives a category for {covered:,} of {acc.source_rows[EXPOSURES]:,} exposures; "
+                         f"the rest are 'unknown'")
+        acc.notes.append(
+            f"history lines are synthetic-timed: 1 min apart, ending 1 min before "
+            f"{dt.datetime.fromtimestamp(self.window_start / 1000, dt.timezone.utc):%Y-%m-%d} 00:00 UTC"
+            if self.history else "history column not landed (history=False)"
+        )
+        if self.differing:
+            acc.notes.append(
+                f"{len(self.differing)} users have different histories on different rows; the earliest row's was landed"
+            )
+
+    def options(self) -> dict[str, Any]:
+        return {"history": None if self.history else "off"}
+
+
+def import_mind(src: str | Path, out: str | Path, limit_users: int | None = None, *, history: bool = True,
+                since: str | None = None, until: str | None = None, fill_gaps: bool = False) -> ImportReport:
+    return Mind(history).run(src, out, limit_users, since, until, fill_gaps)

@@ -31,27 +31,13 @@ that in mind (e.g. ``until`` alone keeps every user's full past).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+from typing import Any, Iterable
 
 from transforms.importers.common import (
-    REASON_OUTSIDE_RANGE,
-    REASON_USER_SLICE,
-    UNKNOWN,
-    Accounting,
-    ImportReport,
-    LandingBuffer,
-    SourceDataError,
-    Window,
-    click_ts,
-    finish,
-    parse_float,
-    parse_int,
-    read_csv,
-    require_dir,
-    require_file,
-    user_slice,
+    UNKNOWN, Accounting, ImportReport, LandingBuffer, SourceDataError, parse_float, parse_int, read_csv, require_file,
 )
+from transforms.importers.skeleton import Importer, Selection
 
 DATASET = "movielens"
 RATINGS, MOVIES = "ratings.csv", "movies.csv"
@@ -60,91 +46,75 @@ NO_GENRES = "(no genres listed)"
 CLICKS = f"{RATINGS} [rating >= {CLICK_MIN_RATING:g}]"
 
 
-def import_movielens(
-    src: str | Path,
-    out: str | Path,
-    limit_users: int | None = None,
-    *,
-    since: str | None = None,
-    until: str | None = None,
-    fill_gaps: bool = False,
-) -> ImportReport:
-    started = time.perf_counter()
-    src = require_dir(src, DATASET)
-    ratings_path = require_file(src, RATINGS, DATASET)
-    movies_path = require_file(src, MOVIES, DATASET)
-    window = Window.of(since, until)
-    acc, buf = Accounting(), LandingBuffer()
+class MovieLens(Importer):
+    dataset = DATASET
 
-    genres: dict[str, str] = {}
-    n_movies = 0
-    for line, row in read_csv(movies_path, ("movieId", "genres")):
-        parse_int(row["movieId"], movies_path, line, "movieId")
-        genres[row["movieId"]] = row["genres"]
-        n_movies += 1
-    acc.source_rows[MOVIES] = n_movies
+    def locate(self, src: Path) -> None:
+        self.ratings_path = require_file(src, RATINGS, DATASET)
+        self.movies_path = require_file(src, MOVIES, DATASET)
 
-    rows = []
-    for line, row in read_csv(ratings_path, ("userId", "movieId", "rating", "timestamp")):
-        user = str(parse_int(row["userId"], ratings_path, line, "userId"))
-        movie = str(parse_int(row["movieId"], ratings_path, line, "movieId"))
-        rating = parse_float(row["rating"], ratings_path, line, "rating")
-        if not 0.0 <= rating <= 5.0:
-            raise SourceDataError(f"{ratings_path} line {line}: column 'rating' is {rating}, outside 0..5")
-        ts = parse_int(row["timestamp"], ratings_path, line, "timestamp") * 1000
-        rows.append((user, movie, rating, ts))
-    acc.source_rows[RATINGS] = len(rows)
-    acc.source_rows[CLICKS] = sum(1 for r in rows if r[2] >= CLICK_MIN_RATING)
+    def read(self, acc: Accounting) -> Iterable[Any]:
+        self.genres: dict[str, str] = {}
+        n_movies = 0
+        for line, row in read_csv(self.movies_path, ("movieId", "genres")):
+            parse_int(row["movieId"], self.movies_path, line, "movieId")
+            self.genres[row["movieId"]] = row["genres"]
+            n_movies += 1
+        acc.source_rows[MOVIES] = n_movies
 
-    keep_users = user_slice((r[0] for r in rows), limit_users)
-    seen: dict[tuple[str, str], int] = {}
-    unknown_movies = 0
-    kept = kept_clicks = 0
-    for user, movie, rating, ts in rows:
-        clicked = rating >= CLICK_MIN_RATING
-        reason = None
-        if keep_users is not None and user not in keep_users:
-            reason = REASON_USER_SLICE
-        elif not window.contains(ts):
-            reason = REASON_OUTSIDE_RANGE
-        if reason:
-            acc.drop(RATINGS, reason)
+        path = self.ratings_path
+        self.rows = []
+        for line, row in read_csv(path, ("userId", "movieId", "rating", "timestamp")):
+            user = str(parse_int(row["userId"], path, line, "userId"))
+            movie = str(parse_int(row["movieId"], path, line, "movieId"))
+            rating = parse_float(row["rating"], path, line, "rating")
+            if not 0.0 <= rating <= 5.0:
+                raise SourceDataError(f"{path} line {line}: column 'rating' is {rating}, outside 0..5")
+            ts = parse_int(row["timestamp"], path, line, "timestamp") * 1000
+            self.rows.append((user, movie, rating, ts))
+        acc.source_rows[RATINGS] = len(self.rows)
+        acc.source_rows[CLICKS] = sum(1 for r in self.rows if r[2] >= CLICK_MIN_RATING)
+        return (r[0] for r in self.rows)
+
+    def land(self, selection: Selection, acc: Accounting, buf: LandingBuffer) -> None:
+        seen: dict[tuple[str, str], int] = {}
+        unknown_movies = 0
+        kept = kept_clicks = 0
+        for user, movie, rating, ts in self.rows:
+            clicked = rating >= CLICK_MIN_RATING
+            reason = selection.excluded(user, ts)
+            if reason:
+                acc.drop_unit(reason, {RATINGS: 1, CLICKS: int(clicked)})
+                continue
+            n = seen.get((user, movie), 0)
+            seen[(user, movie)] = n + 1
+            suffix = f"-{n}" if n else ""
+            request_id = f"ml-r{user}-{movie}{suffix}"
+            impression_id = f"ml-i{user}-{movie}{suffix}"
+            g = self.genres.get(movie)
+            if g is None:
+                unknown_movies += 1
+                category = brand = UNKNOWN
+            elif g == NO_GENRES or not g:
+                category = brand = UNKNOWN
+            else:
+                category, brand = g.split("|", 1)[0], g
+            buf.impression(request_id, impression_id, user, ts, ad_id=movie, campaign_id=movie,
+                           advertiser_id="movielens", category=category, brand=brand)
+            kept += 1
             if clicked:
-                acc.drop(CLICKS, reason)
-            continue
-        n = seen.get((user, movie), 0)
-        seen[(user, movie)] = n + 1
-        suffix = f"-{n}" if n else ""
-        request_id = f"ml-r{user}-{movie}{suffix}"
-        impression_id = f"ml-i{user}-{movie}{suffix}"
-        g = genres.get(movie)
-        if g is None:
-            unknown_movies += 1
-            category = brand = UNKNOWN
-        elif g == NO_GENRES or not g:
-            category = brand = UNKNOWN
-        else:
-            category, brand = g.split("|", 1)[0], g
-        buf.add("impressions", {
-            "request_id": request_id, "impression_id": impression_id, "user_id": user, "ts_ms": ts,
-            "ad_id": movie, "campaign_id": movie, "advertiser_id": "movielens",
-            "category_id": category, "brand_id": brand, "position": 1, "surface": "feed", "device": "web",
-        })
-        kept += 1
-        if clicked:
-            buf.add("clicks", {
-                "impression_id": impression_id, "request_id": request_id, "user_id": user, "ad_id": movie,
-                "ts_ms": click_ts(ts), "click_type": "view_details", "dwell_ms": None,
-            })
-            kept_clicks += 1
+                buf.click(impression_id, request_id, user, movie, ts)
+                kept_clicks += 1
 
-    acc.expected.update(impressions=acc.kept(RATINGS), clicks=acc.kept(CLICKS))
-    acc.balance_rows(RATINGS, "impressions", kept)
-    acc.balance_rows(CLICKS, "clicks", kept_clicks)
-    if unknown_movies:
-        acc.notes.append(f"{unknown_movies} ratings of movies absent from {MOVIES}: category/brand 'unknown'")
-    if any(n > 1 for n in seen.values()):
-        acc.notes.append("some (userId, movieId) pairs repeat: each repeat landed with a -n id suffix")
-    options = {"limit_users": limit_users, "since": window.since, "until": window.until, "fill_gaps": fill_gaps}
-    return finish(DATASET, src, Path(out), options, acc, buf, fill_gaps, started, window)
+        acc.expected.update(impressions=acc.kept(RATINGS), clicks=acc.kept(CLICKS))
+        acc.balance_rows(RATINGS, "impressions", kept)
+        acc.balance_rows(CLICKS, "clicks", kept_clicks)
+        if unknown_movies:
+            acc.notes.append(f"{unknown_movies} ratings of movies absent from {MOVIES}: category/brand 'unknown'")
+        if any(n > 1 for n in seen.values()):
+            acc.notes.append("some (userId, movieId) pairs repeat: each repeat landed with a -n id suffix")
 
+
+def import_movielens(src: str | Path, out: str | Path, limit_users: int | None = None, *, since: str | None = None,
+                     until: str | None = None, fill_gaps: bool = False) -> ImportReport:
+    return MovieLens().run(src, out, limit_users, since, until, fill_gaps)

@@ -35,27 +35,13 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import time
 from pathlib import Path
+from typing import Any, Iterable
 
 from transforms.importers.common import (
-    REASON_OUTSIDE_RANGE,
-    REASON_USER_SLICE,
-    UNKNOWN,
-    Accounting,
-    ImportReport,
-    LandingBuffer,
-    SourceDataError,
-    Window,
-    click_ts,
-    finish,
-    naive_utc_ms,
-    parse_int,
-    read_csv,
-    require_dir,
-    require_file,
-    user_slice,
+    UNKNOWN, Accounting, ImportReport, LandingBuffer, SourceDataError, naive_utc_ms, parse_int, read_csv, require_file,
 )
+from transforms.importers.skeleton import Importer, Selection
 
 DATASET = "obd"
 POLICIES = ("random", "bts")
@@ -69,106 +55,104 @@ def pseudo_user(features: tuple[str, ...]) -> str:
     return "obd-u" + hashlib.sha1("|".join(features).encode("utf-8")).hexdigest()[:12]
 
 
-def import_obd(
-    src: str | Path,
-    out: str | Path,
-    limit_users: int | None = None,
-    *,
-    policy: str = "random",
-    campaigns: tuple[str, ...] | list[str] | str = CAMPAIGNS,  # or "men,women"
-    since: str | None = None,
-    until: str | None = None,
-    fill_gaps: bool = False,
-) -> ImportReport:
-    started = time.perf_counter()
-    src = require_dir(src, DATASET)
-    if policy not in POLICIES:
-        raise SourceDataError(f"obd: policy {policy!r} is not one of {POLICIES}")
-    campaigns = tuple(c.strip() for c in campaigns.split(",")) if isinstance(campaigns, str) else tuple(campaigns)
-    bad = [c for c in campaigns if c not in CAMPAIGNS]
-    if bad or not campaigns:
-        raise SourceDataError(f"obd: campaign(s) {bad or '(none)'} not among {CAMPAIGNS}")
-    window = Window.of(since, until)
-    acc, buf = Accounting(), LandingBuffer()
+class Obd(Importer):
+    dataset = DATASET
+    own_options_first = True
 
-    logs = []  # (relative file name, campaign, [(idx, ts, item, position, click, user)], items)
-    owners: dict[str, tuple[str, ...]] = {}
-    for campaign in campaigns:
-        rel_dir = f"{policy}/{campaign}"
-        log_path = require_file(src, f"{rel_dir}/{campaign}.csv", DATASET)
-        ctx_path = require_file(src, f"{rel_dir}/item_context.csv", DATASET)
-        items: dict[str, tuple[str, str]] = {}
-        for line, r in read_csv(ctx_path, ITEM_COLUMNS):
-            items[str(parse_int(r["item_id"], ctx_path, line, "item_id"))] = (
-                r["item_feature_1"] or UNKNOWN, r["item_feature_2"] or UNKNOWN)
-        acc.source_rows[f"{rel_dir}/item_context.csv"] = len(items)
-        rows, seen_idx = [], set()
-        for line, r in read_csv(log_path, LOG_COLUMNS):
-            idx = r.get("", "") or str(line - 1)
-            if idx in seen_idx:
-                raise SourceDataError(f"{log_path} line {line}: row index {idx!r} repeats (impression ids must be unique)")
-            seen_idx.add(idx)
-            try:
-                when = dt.datetime.fromisoformat(r["timestamp"])
-            except ValueError:
-                raise SourceDataError(f"{log_path} line {line}: timestamp {r['timestamp']!r} is not ISO 8601") from None
-            position = parse_int(r["position"], log_path, line, "position")
-            if position < 1:
-                raise SourceDataError(f"{log_path} line {line}: position {position} is not a 1-based slot")
-            click = parse_int(r["click"], log_path, line, "click")
-            if click not in (0, 1):
-                raise SourceDataError(f"{log_path} line {line}: click {click} is not 0 or 1")
-            feats = tuple(r[c] for c in USER_FEATURES)
-            user = pseudo_user(feats)
-            if owners.setdefault(user, feats) != feats:  # a 48-bit hash collision: never seen, but never silent
-                raise SourceDataError(f"{log_path} line {line}: pseudo user id {user} collides for {feats}")
-            item = str(parse_int(r["item_id"], log_path, line, "item_id"))
-            rows.append((idx, naive_utc_ms(when), item, position, click == 1, user))
-        rel = f"{rel_dir}/{campaign}.csv"
-        acc.source_rows[rel] = len(rows)
-        acc.source_rows[f"{rel} [click = 1]"] = sum(1 for r in rows if r[4])
-        logs.append((rel, campaign, rows, items))
+    def __init__(self, policy: str, campaigns: tuple[str, ...] | list[str] | str) -> None:
+        self.policy, self.requested_campaigns = policy, campaigns
 
-    keep_users = user_slice((r[5] for _, _, rows, _ in logs for r in rows), limit_users)
-    unknown_items = 0
-    for rel, campaign, rows, items in logs:
-        landed = 0
-        clicks_key = f"{rel} [click = 1]"
-        for idx, ts, item, position, clicked, user in rows:
-            reason = None
-            if keep_users is not None and user not in keep_users:
-                reason = REASON_USER_SLICE
-            elif not window.contains(ts):
-                reason = REASON_OUTSIDE_RANGE
-            if reason:
-                acc.drop(rel, reason)
+    def locate(self, src: Path) -> None:
+        # each campaign's files are looked for as it is read: a corrupt first one is reported before a missing later one
+        self.src = src
+        if self.policy not in POLICIES:
+            raise SourceDataError(f"obd: policy {self.policy!r} is not one of {POLICIES}")
+        requested = self.requested_campaigns
+        self.campaigns = (tuple(c.strip() for c in requested.split(",")) if isinstance(requested, str)
+                          else tuple(requested))
+        bad = [c for c in self.campaigns if c not in CAMPAIGNS]
+        if bad or not self.campaigns:
+            raise SourceDataError(f"obd: campaign(s) {bad or '(none)'} not among {CAMPAIGNS}")
+
+    def read(self, acc: Accounting) -> Iterable[Any]:
+        self.logs = []  # (relative file name, campaign, [(idx, ts, item, position, click, user)], items)
+        owners: dict[str, tuple[str, ...]] = {}
+        for campaign in self.campaigns:
+            rel_dir = f"{self.policy}/{campaign}"
+            log_path = require_file(self.src, f"{rel_dir}/{campaign}.csv", DATASET)
+            ctx_path = require_file(self.src, f"{rel_dir}/item_context.csv", DATASET)
+            items: dict[str, tuple[str, str]] = {}
+            for line, r in read_csv(ctx_path, ITEM_COLUMNS):
+                items[str(parse_int(r["item_id"], ctx_path, line, "item_id"))] = (
+                    r["item_feature_1"] or UNKNOWN, r["item_feature_2"] or UNKNOWN)
+            acc.source_rows[f"{rel_dir}/item_context.csv"] = len(items)
+            rows, seen_idx = [], set()
+            for line, r in read_csv(log_path, LOG_COLUMNS):
+                idx = r.get("", "") or str(line - 1)
+                if idx in seen_idx:
+                    raise SourceDataError(
+                        f"{log_path} line {line}: row index {idx!r} repeats (impression ids must be unique)")
+                seen_idx.add(idx)
+                try:
+                    when = dt.datetime.fromisoformat(r["timestamp"])
+                except ValueError:
+                    raise SourceDataError(
+                        f"{log_path} line {line}: timestamp {r['timestamp']!r} is not ISO 8601") from None
+                position = parse_int(r["position"], log_path, line, "position")
+                if position < 1:
+                    raise SourceDataError(f"{log_path} line {line}: position {position} is not a 1-based slot")
+                click = parse_int(r["click"], log_path, line, "click")
+                if click not in (0, 1):
+                    raise SourceDataError(f"{log_path} line {line}: click {click} is not 0 or 1")
+                feats = tuple(r[c] for c in USER_FEATURES)
+                user = pseudo_user(feats)
+                if owners.setdefault(user, feats) != feats:  # a 48-bit hash collision: never seen, but never silent
+                    raise SourceDataError(f"{log_path} line {line}: pseudo user id {user} collides for {feats}")
+                item = str(parse_int(r["item_id"], log_path, line, "item_id"))
+                rows.append((idx, naive_utc_ms(when), item, position, click == 1, user))
+            rel = f"{rel_dir}/{campaign}.csv"
+            acc.source_rows[rel] = len(rows)
+            acc.source_rows[f"{rel} [click = 1]"] = sum(1 for r in rows if r[4])
+            self.logs.append((rel, campaign, rows, items))
+        return (r[5] for _, _, rows, _ in self.logs for r in rows)
+
+    def land(self, selection: Selection, acc: Accounting, buf: LandingBuffer) -> None:
+        unknown_items = 0
+        for rel, campaign, rows, items in self.logs:
+            landed = 0
+            clicks_key = f"{rel} [click = 1]"
+            for idx, ts, item, position, clicked, user in rows:
+                reason = selection.excluded(user, ts)
+                if reason:
+                    acc.drop_unit(reason, {rel: 1, clicks_key: int(clicked)})
+                    continue
+                landed += 1
+                unit = f"{self.policy}-{campaign}-{idx}"
+                request_id, impression_id = f"obd-r{unit}", f"obd-i{unit}"
+                ad_id = f"{campaign}-{item}"
+                if item not in items:
+                    unknown_items += 1
+                category, brand = items.get(item, (UNKNOWN, UNKNOWN))
+                buf.impression(request_id, impression_id, user, ts, ad_id=ad_id, campaign_id=campaign,
+                               advertiser_id="zozotown", category=category, brand=brand, position=position)
                 if clicked:
-                    acc.drop(clicks_key, reason)
-                continue
-            landed += 1
-            request_id, impression_id = f"obd-r{policy}-{campaign}-{idx}", f"obd-i{policy}-{campaign}-{idx}"
-            ad_id = f"{campaign}-{item}"
-            if item not in items:
-                unknown_items += 1
-            category, brand = items.get(item, (UNKNOWN, UNKNOWN))
-            buf.add("impressions", {
-                "request_id": request_id, "impression_id": impression_id, "user_id": user, "ts_ms": ts,
-                "ad_id": ad_id, "campaign_id": campaign, "advertiser_id": "zozotown",
-                "category_id": category, "brand_id": brand, "position": position, "surface": "feed", "device": "web",
-            })
-            if clicked:
-                buf.add("clicks", {
-                    "impression_id": impression_id, "request_id": request_id, "user_id": user, "ad_id": ad_id,
-                    "ts_ms": click_ts(ts), "click_type": "view_details", "dwell_ms": None,
-                })
-        acc.balance_rows(rel, "impressions", landed)
-        acc.expected["impressions"] += acc.kept(rel)
-        acc.expected["clicks"] += acc.kept(clicks_key)
+                    buf.click(impression_id, request_id, user, ad_id, ts)
+            acc.balance_rows(rel, "impressions", landed)
+            acc.expected["impressions"] += acc.kept(rel)
+            acc.expected["clicks"] += acc.kept(clicks_key)
 
-    n_users = len({r[5] for _, _, rows, _ in logs for r in rows})
-    acc.notes.append(f"{n_users} pseudo users (distinct user-feature tuples) over {len(campaigns)} campaign file(s)")
-    if unknown_items:
-        acc.notes.append(f"{unknown_items} impressions of items absent from item_context.csv: category/brand 'unknown'")
-    options = {"policy": policy, "campaigns": ",".join(campaigns) if campaigns != CAMPAIGNS else None,
-               "limit_users": limit_users, "since": window.since, "until": window.until, "fill_gaps": fill_gaps}
-    return finish(DATASET, src, Path(out), options, acc, buf, fill_gaps, started, window)
+        n_users = len({r[5] for _, _, rows, _ in self.logs for r in rows})
+        acc.notes.append(
+            f"{n_users} pseudo users (distinct user-feature tuples) over {len(self.campaigns)} campaign file(s)")
+        if unknown_items:
+            acc.notes.append(
+                f"{unknown_items} impressions of items absent from item_context.csv: category/brand 'unknown'")
+
+    def options(self) -> dict[str, Any]:
+        return {"policy": self.policy, "campaigns": ",".join(self.campaigns) if self.campaigns != CAMPAIGNS else None}
+
+
+def import_obd(src: str | Path, out: str | Path, limit_users: int | None = None, *, policy: str = "random",
+               campaigns: tuple[str, ...] | list[str] | str = CAMPAIGNS,  # or "men,women"
+               since: str | None = None, until: str | None = None, fill_gaps: bool = False) -> ImportReport:
+    return Obd(policy, campaigns).run(src, out, limit_users, since, until, fill_gaps)
