@@ -1,12 +1,12 @@
 """How many days' held-out slices the daily student's calibration should be fitted on, per world (issue #18
-item 6): the pipeline's daily chain (benchmarks/quality.py DAILY, no KD, one training seed) calibrated on the
-held-out slices of its newest 1..N days (models.calibrate_on_days, as pipelines/assets/training.py does with
-StudentTrainingConfig.calibration_days), each scored on the next day.
+item 6): the pipeline's daily chain (benchmarks/quality_suite/protocol.py, no KD, one training seed) calibrated
+on the held-out slices of its newest 1..N days (models.calibrate_on_days, as pipelines/assets/training.py does
+with StudentTrainingConfig.calibration_days), each scored on the next day.
 
     .venv/bin/python benchmarks/calibration_window.py --home /tmp/gq-demo --world demo
     .venv/bin/python benchmarks/calibration_window.py --home /tmp/gq-history-heavy --world history-heavy
 
-Needs a world quality.py has built and a run of its daily variants (for the chain's days); prints the
+Needs a world quality_report.py has built and a run of its daily variants (for the chain's days); prints the
 uncalibrated model's predicted / observed CTR per bucket on each day's held-out slice and on the next day (what
 each slice pulls the shift towards), then, per window, the next day's AUC and predicted / observed CTR per
 bucket with its standard error clustered by user, and the RMS of log(pred / obs) over the buckets.
@@ -14,24 +14,22 @@ bucket with its standard error clustered by user, and the RMS of log(pred / obs)
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-# benchmarks/quality.py by its path: the name `quality` is the repository's data-quality package
-_spec = importlib.util.spec_from_file_location("quality_report", Path(__file__).resolve().parent / "quality.py")
-quality = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = quality   # its dataclasses look their module up by name
-_spec.loader.exec_module(quality)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.quality_suite.protocol import daily_chain, daily_student  # noqa: E402
+from benchmarks.quality_suite.variants import Sizes, model_configs  # noqa: E402
+from benchmarks.quality_suite.worlds import WORLDS, prepare_simulated  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--home", required=True, help="quality.py's --home for the world")
-    ap.add_argument("--world", required=True, choices=sorted(quality.WORLDS))
+    ap.add_argument("--home", required=True, help="quality_report.py's --home for the world")
+    ap.add_argument("--world", required=True, choices=sorted(WORLDS))
     ap.add_argument("--days", type=int, default=4, help="the longest window")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
@@ -43,11 +41,11 @@ def main() -> None:
     from models.train import served_head
 
     torch.set_num_threads(1)
-    world = quality.prepare_simulated(Path(a.home) / a.world, a.world, quality.WORLDS[a.world], None, 1)
-    sz = quality.Sizes()
-    _, scfg = quality._configs(sz)
-    _, chain = quality.daily_chain(world, a.seed)
-    model, _ = quality.daily_student(world, scfg, sz, a.seed, None, chain)
+    world = prepare_simulated(Path(a.home) / a.world, a.world, WORLDS[a.world], None, 1)
+    sz = Sizes()
+    _, scfg = model_configs(sz)
+    _, chain = daily_chain(world, a.seed)
+    model, _ = daily_student(world, scfg, sz, a.seed, None, chain)
     # what each slice would pull the shift towards: the uncalibrated model's ratio on it, and on the next day
     served_head(model).calibration.zero_()
     print("| world | uncalibrated on | pred / obs bucket 0 | bucket 1 |\n|---|---|---|---|")

@@ -1,10 +1,10 @@
 """What the models' counters are worth, and what the student's history window costs them (issue #18).
 
-    .venv/bin/python benchmarks/counter_probe.py                      # the three simulated worlds of quality.py
+    .venv/bin/python benchmarks/counter_probe.py                      # quality_report.py's three simulated worlds
     .venv/bin/python benchmarks/counter_probe.py --worlds demo --seeds 3
 
-A probe, not a model. For every target impression of a quality.py world (built there, under the same
---home) it takes the 48 cross features the models are given (MTGR's counters, models.data.cross_counts under
+A probe, not a model. For every target impression of a quality_report.py world (built there, under
+the same --home) it takes the 48 cross features the models are given (MTGR's counters, models.data.cross_counts under
 the serving delay) counted three ways: over the user's whole sample, over the newest counter_len events (what
 both models count since ModelSizes.counter_events, and the online store keeps), and over the student's history
 window only (its newest max_len events, what the student and serving counted before counter_len).
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -26,18 +25,16 @@ import pandas as pd
 import torch
 from sklearn.metrics import roc_auc_score
 
-# benchmarks/quality.py (the worlds, their split, the model sizes), under its own name: the project has a
-# `quality` package (the data checks). Loading it also puts the repository root on sys.path.
-_spec = importlib.util.spec_from_file_location("quality_benchmark", Path(__file__).with_name("quality.py"))
-quality = sys.modules["quality_benchmark"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(quality)
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.quality_suite import baselines  # noqa: E402
+from benchmarks.quality_suite.variants import Sizes, model_configs  # noqa: E402
+from benchmarks.quality_suite.worlds import WORLDS, prepare_simulated  # noqa: E402
 from models.data.batches import tokenizer_for  # noqa: E402
 from models.data.samples import iter_samples  # noqa: E402
 
 
 def counter_rows(world, tcfg, scfg) -> pd.DataFrame:
-    """quality.py's counter rows (the whole sample's counters as cross0..) with, for the same impressions, the
+    """The tree baselines' counter rows (the whole sample's counters as cross0..) with, for the same impressions, the
     student's counters over its counter_len events (log0..) and over its history window alone (window0..)."""
     frames = {prefix: [] for prefix in ("log", "window")}
     tokenizers = {"log": tokenizer_for("student", scfg),
@@ -48,7 +45,7 @@ def counter_rows(world, tcfg, scfg) -> pd.DataFrame:
                 t = tok(s, 1 << 40)
                 frames[prefix].append(pd.DataFrame(t.cand_cross, columns=[f"{prefix}{i}" for i in range(t.cand_cross.shape[1])])
                                       .assign(impression_id=t.targets.impression_id))
-    rows = quality.counter_rows(world, tcfg)
+    rows = baselines.counter_rows(world, tcfg)
     for f in frames.values():
         rows = rows.merge(pd.concat(f, ignore_index=True), on="impression_id", how="inner", validate="one_to_one")
     return rows
@@ -85,17 +82,18 @@ def mlp_auc(train: pd.DataFrame, test: pd.DataFrame, cols: list[str], seed: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worlds", default=",".join(quality.WORLDS))
+    ap.add_argument("--worlds", default=",".join(WORLDS))
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--home", default="/tmp/genrank-quality", help="quality.py's --home (the worlds are built there)")
+    ap.add_argument("--home", default="/tmp/genrank-quality",
+                    help="quality_report.py's --home (the worlds are built there)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    tcfg, scfg = quality._configs(quality.Sizes())
+    tcfg, scfg = model_configs(Sizes())
     print(f"| world | targets | test targets whose counters the log / the window changes | MLP, whole sample's counters "
           f"| MLP, the newest {scfg.counter_len:,} events | MLP, the student's window ({scfg.max_len:,} events) "
           f"| log - whole (paired) | window - whole (paired) |\n|---|---|---|---|---|---|---|---|")
     for name in a.worlds.split(","):
-        world = quality.prepare_simulated(Path(a.home) / name, name, quality.WORLDS[name], None, 1)
+        world = prepare_simulated(Path(a.home) / name, name, WORLDS[name], None, 1)
         rows = counter_rows(world, tcfg, scfg)
         train, test = rows[rows["day"].isin(world.train_days)], rows[rows["day"].isin(world.eval_days)]
         cols = {p: [c for c in rows.columns if c.startswith(p)] for p in ("cross", "log", "window")}

@@ -1,0 +1,224 @@
+"""Model-quality report (issues #8, #18): teacher, student, KD and the seed papers' ablations on three
+simulated worlds (and MovieLens and MIND on request).
+
+    .venv/bin/python benchmarks/quality_report.py --only no_history,teacher,student,student_kd   # 3 worlds, 3 seeds
+    .venv/bin/python benchmarks/quality_report.py --quick         # tiny world, 1 seed, small models: minutes
+    .venv/bin/python benchmarks/quality_report.py --worlds demo --seeds 1 --only student,no_lptm
+    .venv/bin/python benchmarks/quality_report.py --mind-only --only no_history,teacher,student,student_kd
+
+Its parts are in benchmarks/quality_suite/ (worlds, samples, oracle, baselines, variants, protocol,
+runs, report); benchmarks/calibration_window.py and counter_probe.py reuse them.
+
+Data. Each world of WORLDS (`--worlds`; a `genrank simulate` preset, seed, size and effect strengths) is
+simulated into a private GENRANK_HOME under `--home` (default /tmp/genrank-quality/<world>) and the real
+pipeline stages turn it
+into training samples: the Dagster assets of the `ingest` and `sequences` groups (Spark events, dbt
+sequences, their checks), one daily partition after the other as `genrank run` does, stopping before
+the models. MovieLens latest-small goes through the importer (`genrank import movielens`, a
+`--ml-since/--ml-until` slice with its empty days filled, so the partitions are contiguous) and the
+same stages; so does MIND-small's 5,000-impression subset (`genrank import mind`, `--mind`). All are
+built once and reused (delete the folder to rebuild). The default MovieLens
+slice, 2015-11-02..2015-11-18, is chosen because MovieLens is sparse in time (610 users over 22 years,
+most of them rating in one burst), every calendar day costs a pipeline partition, and the sequence
+stage cannot go past a day without events once it holds any (user_sequences' last built day is its
+newest event's day, so the next day is refused): of the runs of consecutive days with ratings, this
+17-day one has the most test ratings by users with earlier ratings in the slice.
+
+Protocol. Every model trains from scratch on every day before the test day(s) through the pipeline's
+own training entry points (models.train_teacher / train_student with TrainConfig.holdout, as
+pipelines/assets/training.py): the newest training day's latest Sizes.holdout share of impressions is held out,
+scored after every pass, training stops after Sizes.patience passes without a better held-out AUC and
+keeps the best pass, and the served head's per-bucket calibration is fitted on that slice. No variant
+depends on a pass count tuned for another, and nothing is chosen on the test days. It is then tested out
+of time on the last `--eval-days` day(s) under serving conditions (models.evaluate: delay mask on, the real bucket's
+head). `--seeds` training seeds (initialisation and data order; the data stay the same). Reported:
+mean and sample standard deviation over seeds, and per-seed paired differences (same seed, same test
+impressions) with their spread, which is the noise against which every direction is judged.
+
+Rows. The oracle's AUC (the simulator's true click probability with full information and with
+serving visibility, on the tested impressions); the per-bucket historical-CTR baseline
+(transforms.sequences.bucket_ctr_baseline); a student that sees no user history (use_history=False);
+the teacher (CADET-style, full tokens); the student without and with KD (TM20K: main head on labels,
+distill head on CE + lambda x KD against the teacher's probabilities on the training days, from
+models.predict on the teacher); the student trained as the daily pipeline trains it (DAILY: warm-started
+day by day, KD from teachers on the pipeline's schedule that never trained on the day), with and without KD;
+the KD and teacher levers of issue #18 (LEVERS); ablations of the student without KD: no cross features (MTGR's
+target-side counters, FeatureConfig.cross_windows_days=()), no position heads (position
+as an input, the default slot at serving, one head), no delay mask in training, index RoPE instead
+of time RoPE, LITM / PATM / LPTM off. Results are kept in <world>/quality/results.json, so an
+interrupted run resumes where it stopped (same sizes and days).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.quality_suite.baselines import GBDT, ad_evidence, baseline_metrics  # noqa: E402
+from benchmarks.quality_suite.oracle import evidence_oracle, oracle_rows  # noqa: E402
+from benchmarks.quality_suite.report import table  # noqa: E402
+from benchmarks.quality_suite.runs import run_seed  # noqa: E402
+from benchmarks.quality_suite.variants import (ABLATIONS, DAILY, LEVERS, Sizes, model_configs,  # noqa: E402
+                                               student_variant)
+from benchmarks.quality_suite.worlds import WORLDS, World, prepare_imported, prepare_simulated  # noqa: E402
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worlds", default=",".join(WORLDS), help=f"comma-separated, of {', '.join(WORLDS)} (default all)")
+    p.add_argument("--seeds", type=int, default=None, help="training seeds 0..N-1 (default 3; --quick 1)")
+    p.add_argument("--days", type=int, default=None, help="use only the first N simulated days (default all)")
+    p.add_argument("--eval-days", type=int, default=1, help="last days, evaluated out of time (default 1)")
+    p.add_argument("--epochs", type=int, default=None, help="most passes per model (default 12; --quick 4)")
+    p.add_argument("--only", default=None, help="comma-separated subset of the models, e.g. student,no_lptm "
+                                                 "(student_kd needs teacher)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny world, 1 seed, small models, 4 passes at most, a 15-day MovieLens slice")
+    p.add_argument("--home", default="/tmp/genrank-quality", help="where the worlds are built and cached")
+    p.add_argument("--movielens", action="store_true", help="also MovieLens (no history effect there, see RESULTS)")
+    p.add_argument("--movielens-only", action="store_true", help="skip the simulated worlds")
+    p.add_argument("--ml-src", default=str(ROOT.parent / "shared" / "data" / "movielens_latest_small"))
+    p.add_argument("--ml-since", default=None, help="first MovieLens day landed (default 2015-11-02)")
+    p.add_argument("--ml-until", default=None, help="last MovieLens day landed (default 2015-11-18)")
+    p.add_argument("--ml-eval-days", type=int, default=None, help="default 5")
+    p.add_argument("--ml-seeds", type=int, default=None, help="training seeds on MovieLens (default 10: a model "
+                                                                 "trains there in seconds; --quick 1)")
+    p.add_argument("--ml-epochs", type=int, default=30, help="most passes per model on MovieLens (patience 4)")
+    p.add_argument("--mind", action="store_true", help="also MIND-small's 5,000-impression subset (issue #18 item 7): "
+                                                       "no-history, teacher, student, KD")
+    p.add_argument("--mind-only", action="store_true", help="MIND alone")
+    p.add_argument("--mind-src", default=str(ROOT.parent / "shared" / "data" / "mind_small_subset"))
+    p.add_argument("--threads", type=int, default=int(os.environ.get("GENRANK_TORCH_THREADS", "1")))
+    p.add_argument("--out", default=None, help="also write the report (markdown) to this file")
+    return p
+
+
+def report_world(world: World, wv: list[str], wsz: Sizes, seeds: list[int]) -> str:
+    """Trains and tests the models ``wv`` of every seed on one world (reusing kept results); its table."""
+    print(f"\n{world.name}: train {world.train_days[0]}..{world.train_days[-1]} (its newest day's latest "
+          f"impressions held out), test {world.eval_days[0]}..{world.eval_days[-1]}; "
+          f"models {', '.join(wv)}; seeds {seeds}", flush=True)
+    # results are kept per world and reused by a rerun with the same sizes and split (an interrupted run resumes)
+    results_path = world.home / "quality" / "results.json"
+    fingerprint = json.dumps({"sizes": dataclasses.asdict(wsz), "train": world.train_days,
+                              "eval": world.eval_days}, sort_keys=True)
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    if results.get("_fingerprint") != fingerprint:
+        results = {"_fingerprint": fingerprint}
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        tmp = results_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        os.replace(tmp, results_path)
+
+    extra = {"baseline": baseline_metrics(world), "ads": ad_evidence(world)}
+    t0 = time.perf_counter()
+    for seed in seeds:
+        run_seed(world, wsz, seed, wv, results, save)
+    if world.simulated:
+        from models import predict
+        from models.train import build_model
+
+        _, scfg = model_configs(wsz)
+        # the evaluated impressions and their labels (any model's predict gives the same rows)
+        labels = predict(build_model(student_variant(scfg, "no_history")), world.samples(world.eval_days),
+                         with_labels=True)[["impression_id", "label"]]
+        extra["oracle"] = {**oracle_rows(world, labels), **evidence_oracle(world, labels)}
+    print(f"  models on {world.name}: {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    return table(world, results, seeds, wv, extra)
+
+
+def main(argv=None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    q = a.quick
+    n_seeds = a.seeds if a.seeds is not None else (1 if q else 3)
+    ml_since = a.ml_since or ("2018-02-13" if q else "2015-11-02")
+    ml_until = a.ml_until or ("2018-02-27" if q else "2015-11-18")
+    ml_eval = a.ml_eval_days if a.ml_eval_days is not None else 5
+    sz = Sizes()
+    if q:
+        sz = dataclasses.replace(sz, d_model=32, teacher_max_len=512, student_max_len=256, epochs=4)
+    if a.epochs:
+        sz = dataclasses.replace(sz, epochs=a.epochs)
+    # MovieLens slices are small (hundreds to a few thousand ratings): more, cheap passes, more patience
+    # and smaller batches, else a pass is one or two optimizer steps
+    ml_sz = dataclasses.replace(sz, epochs=a.ml_epochs, patience=4, token_budget=512)
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    os.environ["GENRANK_TORCH_THREADS"] = str(a.threads)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    started = time.perf_counter()
+    seeds = list(range(n_seeds))
+    variants = [*GBDT, "no_history", "counters_no_history", "teacher", "student", "student_kd", "student_kd_oot", *DAILY,
+                *LEVERS,
+                "no_cross_features", *ABLATIONS]
+    if a.only:
+        unknown = set(a.only.split(",")) - set(variants)
+        if unknown:
+            p.error(f"--only: unknown model(s) {', '.join(sorted(unknown))}")
+        variants = [v for v in variants if v in a.only.split(",")]
+    home = Path(a.home).resolve()
+    command = "benchmarks/quality_report.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    header = (f"`{command.strip()}` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d} ({platform.machine()}, "
+              f"{os.cpu_count()} CPU(s), torch {torch.__version__}, {a.threads} thread(s)). Models: d={sz.d_model}, "
+              f"{sz.n_heads} heads, teacher {sz.teacher_layers} layers / {sz.teacher_max_len} tokens, student "
+              f"{sz.student_layers} layers / {sz.student_max_len} events (LITM T=3, PATM, LPTM every 2 layers, KD lambda "
+              f"{sz.kd_lambda:g}, temperature {sz.kd_temperature:g}); AdamW lr {sz.lr:g}, wd {sz.weight_decay:g}, "
+              f"{sz.token_budget} tokens per batch, at most {sz.epochs} passes; the latest {sz.holdout:.0%} of the newest "
+              f"training day's impressions pick the pass (stop after {sz.patience} without a better AUC, keep the best) and "
+              "fit the per-bucket calibration.")
+    print(header, flush=True)
+    worlds = []
+    if not (a.movielens_only or a.mind_only):
+        specs = {"tiny": {"preset": "tiny", "seed": 0}} if q else WORLDS
+        for name in (["tiny"] if q else a.worlds.split(",")):
+            if name not in specs:
+                p.error(f"--worlds: unknown world {name!r} (one of {', '.join(specs)})")
+            worlds.append((prepare_simulated(home / name, name, specs[name], a.days, a.eval_days), variants, sz, seeds))
+    if a.movielens or a.movielens_only:
+        ml = prepare_imported("movielens", f"MovieLens latest-small, {ml_since}..{ml_until} (empty days filled)",
+                              home / f"movielens-{ml_since}-{ml_until}", Path(a.ml_src), ml_eval, since=ml_since,
+                              until=ml_until, fill_gaps=True)
+        ml.note = (f"At most {ml_sz.epochs} passes, patience {ml_sz.patience}, {ml_sz.token_budget} tokens per batch. "
+                   "MovieLens has no display position "
+                   "(every impression is position 1, one bucket): the per-bucket baseline is one CTR per day, so its "
+                   "AUC only reflects day-to-day CTR changes.")
+        worlds.append((ml, [v for v in variants if v in ("no_history", "student")], ml_sz,
+                       list(range(a.ml_seeds if a.ml_seeds is not None else (1 if q else 10)))))
+    if a.mind or a.mind_only:
+        mind = prepare_imported("mind", "MIND-small train, 5,000-impression subset (2019-11-09..14; click histories "
+                                "landed untimed on 2019-11-08)", home / "mind", Path(a.mind_src), a.eval_days)
+        mind.note = ("Every impression is position 1 (MIND shuffles its lists), so one bucket; news side features "
+                     "cover ~4 % of the news ids; most users have one request in the subset, so a user's history is "
+                     "its untimed click history from before the split.")
+        worlds.append((mind, [v for v in variants if v in ("no_history", "teacher", "student", "student_kd")], sz, seeds))
+    prep_s = time.perf_counter() - started
+
+    out = [header, ""]
+    for world, wv, wsz, seeds in worlds:
+        out.append(report_world(world, wv, wsz, seeds))
+    total = time.perf_counter() - started
+    out.append(f"Run time: {total / 60:.1f} min in all, of which {prep_s / 60:.1f} min building the worlds' training "
+               f"samples through the pipeline (cached: 0 on a rerun).")
+    text = "\n".join(out)
+    print("\n" + text, flush=True)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The models the report trains: their sizes (Sizes), the teacher and student configurations, and every row's
+variant of them: issue #18's levers (LEVERS), the seed papers' ablations (ABLATIONS) and the daily chain (DAILY)."""
+from __future__ import annotations
+
+import dataclasses
+
+
+# the seed papers' ablations of the student without KD (report.py SEED_EXPECTATIONS: their published effects)
+ABLATIONS = ["no_position_heads", "no_train_delay", "index_rope", "no_litm", "no_patm", "no_lptm"]
+# the student trained as the pipeline's daily chain trains it (protocol.py), without and with KD
+DAILY = ("student_daily", "student_daily_kd")
+
+
+def _bb(**kw):
+    return lambda cfg: dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, **kw))
+
+
+# Issue #18's levers, each one change against "teacher", "student" or "student_kd": (trains a teacher, a
+# student or a KD student, the config change, the row's label). Measured, not defaults: RESULTS.md "Model
+# quality" says what each did.
+LEVERS = {
+    "teacher_6_layers": ("teacher", _bb(n_layers=6), "teacher, 6 layers instead of 4"),
+    "teacher_d96": ("teacher", _bb(d_model=96), "teacher, d=96 instead of 64"),
+    "teacher_4k_context": ("teacher", lambda c: dataclasses.replace(c, max_len=4096), "teacher, 4,096 tokens instead of 2,048"),
+    "teacher_no_id_dropout": ("teacher", _bb(id_dropout=0.0), "teacher, no id dropout"),
+    "teacher_token_counters": ("teacher", lambda c: dataclasses.replace(c, counter_len=None),
+                               "teacher, counters over its kept tokens only (before counter_len)"),
+    "counters_no_ids": ("student", lambda c: dataclasses.replace(_bb(id_dropout=1.0)(c), use_history=False,
+                                                                 counters_without_history=True),
+                        "student on the counters, no history tokens, ids dropped in training"),
+    "student_2k_history": ("student", lambda c: dataclasses.replace(c, max_len=2048),
+                           "student, 2,048 history events instead of 1,024"),
+    "student_window_counters": ("student", lambda c: dataclasses.replace(c, counter_len=None),
+                                "student, counters over its 1,024 history events only (before counter_len)"),
+    "student_kd_lambda1": ("kd", lambda c: dataclasses.replace(c, kd_lambda=1.0), "student, KD lambda 1 instead of 50"),
+    "student_kd_lambda5": ("kd", lambda c: dataclasses.replace(c, kd_lambda=5.0), "student, KD lambda 5 instead of 50"),
+    "student_kd_t2": ("kd", lambda c: dataclasses.replace(c, kd_temperature=2.0), "student, KD temperature 2"),
+    # KD from a lever's teacher (the fourth element) instead of the default one
+    "student_kd_4k_teacher": ("kd", lambda c: c, "student, KD from the 4,096-token teacher", "teacher_4k_context"),
+    # Privileged-features distillation (Taobao's PFD, KDD 2020; Lopez-Paz et al. 2016): a teacher that sees what
+    # serving cannot, here everything strictly before each target (delay 1 ms instead of the 1-hour serving
+    # delay: the last hour's events and outcomes, in its attention and its counters), trained and scored so; its
+    # probabilities are better targets than the labels for a student that sees only what serving sees.
+    "teacher_privileged": ("teacher", lambda c: dataclasses.replace(c, mask=dataclasses.replace(c.mask, delay_ms=1)),
+                           "teacher, privileged: sees everything before each target, scored so (vs the full-information oracle)"),
+    "student_kd_privileged": ("kd", lambda c: c, "student, KD from the privileged teacher", "teacher_privileged"),
+}
+# teacher levers scored with more than serving visibility: their oracle is the full-information one
+PRIVILEGED = {"teacher_privileged"}
+
+LABELS = {
+    "bucket_ctr": "per-bucket historical CTR",
+    "counters_gbdt": "trees on the user's counters, the ad's CTR and the context (best epoch: trees)",
+    "ad_gbdt": "trees on the ad's CTR and the context",
+    "no_history": "student, no user history",
+    "counters_no_history": "student on the counters, no history tokens",
+    "teacher": "teacher (full tokens)",
+    "student": "student, no KD",
+    "student_kd": "student, KD",
+    "student_kd_oot": "student, KD from a teacher that did not train on those days",
+    "student_daily": "student, the pipeline's daily chain, no KD",
+    "student_daily_kd": "student, the pipeline's daily chain with KD",
+    **{k: v[2] for k, v in LEVERS.items()},
+    "no_position_heads": "- no position heads (position input, default slot at serving, 1 head)",
+    "no_train_delay": "- no delay mask in training",
+    "index_rope": "- index RoPE instead of time RoPE",
+    "no_litm": "- LITM off",
+    "no_patm": "- PATM off",
+    "no_lptm": "- LPTM off",
+    "no_cross_features": "- no cross features (MTGR)",
+}
+
+
+@dataclasses.dataclass
+class Sizes:
+    d_model: int = 64
+    n_heads: int = 2
+    teacher_layers: int = 4
+    student_layers: int = 4      # LPTM pair-sums before layer 2 (of 0..3): it needs >= 3 layers to act
+    teacher_max_len: int = 2048  # tokens (an impression costs 2)
+    student_max_len: int = 1024  # events
+    counter_len: int = 4096      # events both models' counters count (ModelSizes.counter_events)
+    epochs: int = 12             # at most; the held-out slice picks the pass (TrainConfig.patience, holdout)
+    patience: int = 2            # TrainConfig.patience
+    holdout: float = 0.2         # TrainConfig.holdout
+    max_steps: int | None = None
+    token_budget: int = 2048     # small packed batches: more optimizer steps per pass (as the pipeline)
+    lr: float = 2e-3
+    weight_decay: float = 0.1
+    kd_lambda: float = 50.0      # StudentConfig.kd_lambda (TM20K)
+    kd_temperature: float = 1.0  # StudentConfig.kd_temperature
+    id_dropout: float = 0.5      # as the pipeline (models/config.py DEMO_SIZES)
+
+
+def model_configs(sz: Sizes):
+    """The teacher's and the student's configurations at these sizes."""
+    from models import BackboneConfig, StudentConfig, TeacherConfig
+    from models.config import DEMO_SIZES, feature_config
+
+    fc = feature_config(DEMO_SIZES)
+    teacher = TeacherConfig(features=fc, max_len=sz.teacher_max_len, counter_len=sz.counter_len,
+                            backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.teacher_layers, n_heads=sz.n_heads,
+                                                    id_dropout=sz.id_dropout))
+    student = StudentConfig(features=fc, max_len=sz.student_max_len, counter_len=sz.counter_len, kd_lambda=sz.kd_lambda,
+                            kd_temperature=sz.kd_temperature,
+                            backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.student_layers, n_heads=sz.n_heads,
+                                                    id_dropout=sz.id_dropout))
+    return teacher, student
+
+
+def student_variant(base, name: str):
+    from models import RoPEConfig
+
+    r = dataclasses.replace
+    if name in ("student", "student_kd", "student_kd_oot", *DAILY):
+        return base
+    if name in LEVERS:
+        return LEVERS[name][1](base)
+    if name == "no_history":
+        return r(base, use_history=False)
+    if name == "counters_no_history":
+        return r(base, use_history=False, counters_without_history=True)
+    if name == "no_cross_features":
+        return r(base, features=r(base.features, cross_windows_days=()))
+    if name == "no_position_heads":
+        return r(base, position_input=True, backbone=r(base.backbone, n_buckets=1))
+    if name == "no_train_delay":
+        return r(base, mask=r(base.mask, train_delay=False))
+    if name == "index_rope":
+        return r(base, rope=RoPEConfig(mode="index"))
+    if name in ("no_litm", "no_patm", "no_lptm"):
+        return r(base, **{name.removeprefix("no_"): False})
+    raise ValueError(name)
