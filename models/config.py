@@ -121,7 +121,7 @@ class StudentConfig:
     # E|p - y| = 2p(1-p) does, so their ratio does not depend on the base rate and lambda needs no CTR scaling.
     kd_lambda: float = 50.0
     kd_temperature: float = 1.0    # ours (Hinton et al.'s T on logits, T^2-scaled); 1 = TM20K's plain KD
-    # Ablations (benchmarks/quality.py); the defaults are the design above.
+    # Ablations (benchmarks/quality_suite/variants.py); the defaults are the design above.
     # use_history=False: the no-history baseline (a DLRM-like model: candidate features only, no user
     # sequence). Its tokens carry no history (data.tokenizer_for) and the model drops any it is given.
     # Not max_len=0, which means "every event".
@@ -206,7 +206,7 @@ class ModelSizes:
     item_buckets: int = 1 << 15
     # Passes: at most `epochs`; the newest day's latest `holdout` share of impressions picks how many (stop after
     # `patience` without a better AUC there, keep the best pass) and fits the served head's per-bucket
-    # calibration (TrainConfig.holdout / patience; the same code path as benchmarks/quality.py).
+    # calibration (TrainConfig.holdout / patience; the same code path as benchmarks/quality_suite).
     epochs: int = 12
     patience: int = 2
     holdout: float = 0.2

@@ -10,7 +10,7 @@ an odd newest token stays alone); candidates are never merged; bounds are rebuil
 Heads: `logits` = main tower, trained on labels only, this is what serves; `distill_logits` =
 distill tower, trained on CE + kd_lambda x KD against the teacher's probability.
 
-Ablations (off by default; benchmarks/quality.py): `use_history=False` drops every history token
+Ablations (off by default; benchmarks/quality_suite/variants.py): `use_history=False` drops every history token
 (the no-history baseline); `position_input=True` feeds the scored impression's position as an input
 instead of relying on the bucket heads alone (CADET's baseline; the default slot fills it at serving).
 """

@@ -200,7 +200,7 @@ def calibrate(model: nn.Module, held_out_paths, device=None) -> np.ndarray:
 def calibrate_on_days(model: nn.Module, day_paths, holdout: float, work_dir: str, device=None) -> np.ndarray:
     """calibrate() on the held-out slice of each day (data.time_holdout: the day's latest ``holdout`` share of
     targets, written under ``work_dir``): the daily student's calibration window, in the pipeline and in
-    benchmarks/quality.py. Returns the shifts."""
+    benchmarks/quality_suite. Returns the shifts."""
     held_out = [time_holdout([str(p)], holdout, os.path.join(work_dir, f"day-{i}"))[1][0]
                 for i, p in enumerate(day_paths)]
     return calibrate(model, held_out, device=device)
