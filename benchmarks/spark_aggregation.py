@@ -94,7 +94,8 @@ def duckdb_same_output(home: Path, day: str, out: Path, threads: int) -> float:
     """The day through DuckDB's read_json into the same event table: seconds (lenient rules, see docstring)."""
     import duckdb
 
-    from transforms.landing import DAY_MS, day_start_ms
+    from contracts import DAY_MS
+    from transforms.landing import day_start_ms
     from transforms.spark.events import EVENT_COLUMNS
 
     def files(d: str, kind: str) -> str:

@@ -29,7 +29,8 @@ import httpx
 import numpy as np
 import orjson
 
-from transforms.landing import (DAY_MS, DEVICES, INTEGER_KEYS, REQUIRED_KEYS, SURFACE_SLOTS, SURFACES, day_start_ms,
+from contracts import DAY_MS
+from transforms.landing import (DEVICES, INTEGER_KEYS, REQUIRED_KEYS, SURFACE_SLOTS, SURFACES, day_start_ms,
                                 open_day, read_lines)
 
 KIND = "impressions"

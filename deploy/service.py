@@ -48,6 +48,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
+from contracts import ACTIONS, CLICK_TYPES
 from deploy.event_codec import EventArrays, encode, to_sample
 from deploy.onnx_export import ONNX_FILE, ONNX_SHA256_TAG, OnnxScorer, ServingBundle, find_bundle, request_arrays
 from deploy.prediction_log import LogLimits, PredictionLog
@@ -121,10 +122,10 @@ class HistoryEvent(ItemFeatures):
     ts_ms: int = Field(ge=0, le=MAX_TS_MS)
     event_kind: Literal["impression", "behavior"]
     item_id: Id
-    action: Literal["view", "cart", "fav", "buy"] | None = None
+    action: Literal[ACTIONS] | None = None
     position: int | None = Field(default=None, ge=1, le=10_000)
     label: Literal[0, 1] | None = None
-    click_type: Literal["view_details", "add_to_cart", "follow"] | None = None
+    click_type: Literal[CLICK_TYPES] | None = None
     dwell_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 

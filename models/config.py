@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-HOUR_MS = 3_600_000
-DAY_MS = 86_400_000
+from contracts import HOUR_MS
 YEAR_S = 365.0 * 24 * 3600
 
 
@@ -79,7 +78,7 @@ class BackboneConfig:
     n_click_types: int = 4       # none + view_details / add_to_cart / follow
     aux_click_type_weight: float = 0.1  # ours: CADET gives no weights for aux heads
     aux_dwell_weight: float = 0.1       # ours
-    attn_backend: str = "auto"   # "auto" | "reference" | "triton" | "naive"
+    attn_backend: str = "auto"   # one of contracts.ATTENTION_BACKENDS
     attn_chunk: int = 128        # query chunk of the torch reference
 
 

@@ -17,20 +17,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from contracts import ACTIONS, CLICK_TYPES, DAY_MS, TRAINING_SAMPLES
 from transforms.atomic import staged_file
 
-from .config import DAY_MS
-
-SCHEMA = pa.schema([
-    ("user_id", pa.string()), ("ts_ms", pa.int64()), ("event_rank", pa.int64()), ("is_target", pa.bool_()),
-    ("event_kind", pa.string()), ("item_id", pa.string()), ("campaign_id", pa.string()),
-    ("advertiser_id", pa.string()), ("category_id", pa.string()), ("brand_id", pa.string()),
-    ("surface", pa.string()), ("device", pa.string()), ("action", pa.string()), ("position", pa.int32()),
-    ("position_bucket", pa.int32()), ("label", pa.int8()), ("click_type", pa.string()),
-    ("dwell_ms", pa.int64()), ("request_id", pa.string()), ("impression_id", pa.string()),
-])
-ACTIONS = ["view", "cart", "fav", "buy"]
-CLICK_TYPES = ["view_details", "add_to_cart", "follow"]
+SCHEMA = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in TRAINING_SAMPLES.items()])
 
 
 def _day_ms(date: str) -> int:
@@ -124,6 +114,7 @@ def write_training_samples(root: str, start_date: str = "2026-01-10", n_days: in
         df["event_rank"] = df.groupby("user_id").cumcount().astype("int64")
         df = df.sort_values(["user_id", "ts_ms", "event_rank"], kind="stable")
         df["event_rank"] = df.groupby("user_id").cumcount().astype("int64")
+        df["event_date"] = pd.to_datetime(df["ts_ms"], unit="ms").dt.date
         table = pa.Table.from_pandas(df[[f.name for f in SCHEMA]], schema=SCHEMA, preserve_index=False)
         path = os.path.join(root, f"date={date}", "part-0.parquet")
         with staged_file(Path(path)) as staging:

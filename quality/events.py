@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from contracts import DAY_MS, EVENT_COLUMNS
 from quality.framework import (CheckDef, CheckOutcome, DatasetChecks, existing_partitions, partition_schema,
                                python_outcome, read_partition, validate_frame)
-from transforms.contracts import EVENT_COLUMNS
-from transforms.landing import DAY_MS, SURFACE_SLOTS
+from transforms.landing import SURFACE_SLOTS
 
 EVENTS_CHECKS = DatasetChecks("events", (
     CheckDef("events_not_empty", "at least one event accepted for the day (names the quarantine reasons when not)"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contracts import DAY_MS
 from quality.framework import CheckDef, DatasetChecks, CheckOutcome, validate_frame
 from transforms import landing
 
@@ -44,7 +45,7 @@ def validate_training_samples(path: str | Path, day: str, n_buckets: int) -> dic
         ],
         "samples_no_future_leakage": [
             E.ExpectColumnValuesToBeBetween(column="ts_ms", max_value=start - 1, **history),
-            E.ExpectColumnValuesToBeBetween(column="ts_ms", max_value=start + landing.DAY_MS - 1),
+            E.ExpectColumnValuesToBeBetween(column="ts_ms", max_value=start + DAY_MS - 1),
         ],
     }
     return validate_frame(df.drop(columns=["event_date"]), expectations, f"training_samples_{day}")

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+import contracts
 from transforms import landing
 
 SURFACE_SLOTS = {"feed": 5, "search": 8, "detail": 3}
@@ -25,7 +26,7 @@ def make_day(day: str, seed: int, n_users: int = 12, mean_events: int = 25) -> p
         n = int(rng.poisson(mean_events))
         if n == 0 or rng.random() < 0.2:  # some users inactive on a given day
             continue
-        ts = np.sort(start + rng.integers(0, landing.DAY_MS // 4, n) * 4)  # coarse times: ties happen
+        ts = np.sort(start + rng.integers(0, contracts.DAY_MS // 4, n) * 4)  # coarse times: ties happen
         for k, t in enumerate(ts):
             if rng.random() < 0.6:
                 surface = ("feed", "search", "detail")[int(rng.integers(3))]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import contracts
 from transforms import landing
 from transforms.importers import DATASET_DIRS, IMPORTERS, SourceDataError, import_dataset
 
@@ -64,7 +65,7 @@ def check_record(kind: str, rec: dict, day_start: int) -> None:
     for key in landing.INTEGER_KEYS[kind]:
         if key in rec and not (key == "dwell_ms" and rec[key] is None):
             assert type(rec[key]) is int, f"{kind}.{key} must be a JSON integer: {rec}"
-    assert day_start <= rec["ts_ms"] < day_start + landing.DAY_MS, f"{kind} line outside its day: {rec}"
+    assert day_start <= rec["ts_ms"] < day_start + contracts.DAY_MS, f"{kind} line outside its day: {rec}"
     for key in ("user_id", "request_id", "impression_id", "ad_id", "campaign_id", "advertiser_id",
                 "category_id", "brand_id", "item_id"):
         if key in rec:
@@ -73,10 +74,10 @@ def check_record(kind: str, rec: dict, day_start: int) -> None:
         assert rec["position"] >= 1
         assert rec["surface"] in landing.SURFACES and rec["device"] in landing.DEVICES
     elif kind == "clicks":
-        assert rec["click_type"] in landing.CLICK_TYPES
+        assert rec["click_type"] in contracts.CLICK_TYPES
         assert rec.get("dwell_ms") is None or rec["dwell_ms"] >= 0
     else:
-        assert rec["action"] in landing.ACTIONS
+        assert rec["action"] in contracts.ACTIONS
 
 
 def flatten(days: dict) -> dict[str, list[dict]]:

@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from contracts import TRAINING_SAMPLES
+from models.synthetic import write_training_samples
 from pipelines.assets.sequences import dbt_resource, sequence_models, training_samples_checks
 from quality.training_samples import validate_training_samples
 from pipelines.resources import GenrankPaths
@@ -85,6 +87,17 @@ def test_sequences_are_strictly_ordered_and_continue_across_days(full_home):
         assert list(g["seq_index"]) == list(range(1, len(g) + 1))
         assert g["ts_ms"].is_monotonic_increasing
         assert g["added_date"].is_monotonic_increasing
+
+
+def test_a_built_training_samples_partition_is_the_contracts_schema(full_home, tmp_path):
+    """The dbt model and contracts.TRAINING_SAMPLES (which the models read and models.synthetic writes) agree."""
+    home = full_home[0]
+    contract = [(name, pa.type_for_alias(kind)) for name, kind in TRAINING_SAMPLES.items()]
+    for day in DAYS:
+        schema = pq.read_schema(next((home / "lake" / "training_samples" / f"date={day}").glob("*.parquet")))
+        assert [(f.name, f.type) for f in schema] == contract, day
+    [synthetic] = write_training_samples(str(tmp_path))
+    assert [(f.name, f.type) for f in pq.read_schema(synthetic)] == contract
 
 
 def test_training_samples_hold_history_before_the_day_then_the_day(full_home):

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import contracts
 from tests.conftest import SHARED_DATA
 from transforms import landing
 from transforms.simulator import SimulationError, resolve_config, simulate
@@ -169,7 +170,7 @@ def test_activity_is_long_tailed_and_repeats_items(tmp_path):
     b = pd.DataFrame(behaviors).drop_duplicates().sort_values(["user_id", "ts_ms"])
     same_as_previous = (b["item_id"] == b.groupby("user_id")["item_id"].shift()).mean()
     assert same_as_previous > 0.3, same_as_previous
-    assert set(b["action"]) == set(landing.ACTIONS)
+    assert set(b["action"]) == set(contracts.ACTIONS)
 
 
 def test_obd_position_shape_recomputed_from_real_data():

@@ -61,13 +61,10 @@ INTEGER_KEYS: dict[str, tuple[str, ...]] = {
 }
 SURFACES = ("feed", "search", "detail")
 DEVICES = ("ios", "android", "web")
-CLICK_TYPES = ("view_details", "add_to_cart", "follow")
-ACTIONS = ("view", "cart", "fav", "buy")
 # Ad slots per surface: an impression's position is 1..slots of its surface.
 SURFACE_SLOTS = {"feed": 5, "search": 8, "detail": 3}
 
 SUCCESS_MARKER = "_SUCCESS"
-DAY_MS = 86_400_000
 GZIP_MAGIC = b"\x1f\x8b"
 RELEASE_HINT = "set it aside with `genrank landing quarantine-file PATH --reason TEXT`, then resume with `genrank run --start DAY`"
 

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from contracts import EVENT_COLUMNS, NOT_STAGED
 from transforms.atomic import staged_dir
-from transforms.contracts import EVENT_COLUMNS, NOT_STAGED
 
 DBT_PROJECT_DIR = Path(__file__).resolve().parent / "dbt"
 ROW_GROUP_ROWS = 65_536
 
-# Columns the dbt staging model reads from the event lake (transforms.contracts), by type family:
+# Columns the dbt staging model reads from the event lake (contracts.EVENT_COLUMNS), by type family:
 # stg_events.sql casts, so any string or any integer width is accepted.
 EXPECTED_EVENT_COLUMNS: dict[str, str] = {
     c: ("string" if t == "string" else "int") for c, t in EVENT_COLUMNS.items() if c not in NOT_STAGED}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import DAY_MS, FeatureConfig
+from contracts import DAY_MS
+
+from ..config import FeatureConfig
 from .samples import A_CLICK, A_NOCLICK, Sample
 from .tokens import F_ACTION, F_BRAND, F_CAT, F_ITEM, N_ACTIONS, TT_BEHAVIOR, event_feats
 

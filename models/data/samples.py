@@ -24,16 +24,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from contracts import ACTIONS, CLICK_TYPES, TRAINING_SAMPLES
+
 from ..config import FeatureConfig
 
 # action vocabulary: organic actions 1..4; impression outcome 5 (no click) / 6 (click)
-ACTION_IDS = {"view": 1, "cart": 2, "fav": 3, "buy": 4}
-A_NOCLICK, A_CLICK = 5, 6
-CLICK_TYPE_IDS = {"view_details": 1, "add_to_cart": 2, "follow": 3}
+ACTION_IDS = {action: i for i, action in enumerate(ACTIONS, start=1)}
+A_NOCLICK, A_CLICK = len(ACTIONS) + 1, len(ACTIONS) + 2
+CLICK_TYPE_IDS = {click_type: i for i, click_type in enumerate(CLICK_TYPES, start=1)}
 
-READ_COLUMNS = ["user_id", "ts_ms", "is_target", "event_kind", "item_id", "campaign_id", "advertiser_id",
-                "category_id", "brand_id", "surface", "device", "action", "position", "position_bucket",
-                "label", "click_type", "dwell_ms", "request_id", "impression_id"]
+# the contract's columns less the two the models never read (the row order is the rank; the day is the partition)
+READ_COLUMNS = [c for c in TRAINING_SAMPLES if c not in ("event_rank", "event_date")]
 HASHED = [("item_id", "item_buckets"), ("campaign_id", "campaign_buckets"), ("advertiser_id", "advertiser_buckets"),
           ("category_id", "category_buckets"), ("brand_id", "brand_buckets"), ("surface", "surface_buckets"),
           ("device", "device_buckets")]

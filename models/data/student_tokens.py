@@ -10,7 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..config import HOUR_MS, FeatureConfig
+from contracts import HOUR_MS
+
+from ..config import FeatureConfig
 from .cross import counted_rows, cross_counts
 from .samples import Sample
 from .tokens import (F_POS, F_TYPE, TT_BEHAVIOR, TT_CANDIDATE, TT_IMP_EVENT, Targets, content_feats, event_feats,

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import HOUR_MS, FeatureConfig
+from contracts import HOUR_MS
+
+from ..config import FeatureConfig
 from .cross import counted_rows, cross_counts
 from .samples import Sample
 from .tokens import (N_FIELDS, TT_BEHAVIOR, TT_IMP_ACTION, TT_IMP_CONTENT, Targets, content_feats, event_feats,

@@ -3,10 +3,8 @@
     from models.kernels import interval_attention
     out = interval_attention(q, k, v, lo, hi)            # (T, H, D) packed, bounds global
 
-backend: "auto" (Triton on CUDA when importable, the torch reference elsewhere),
-"reference", "triton" (forces the kernel: on CPU only under TRITON_INTERPRET=1),
-"naive" (dense mask, tests only), "sdpa" (dense-mask torch SDPA, benchmarks) or "prefix" (keys
-limited to the first n_keys tokens, traceable: the ONNX export of the serving layout).
+backend: one of contracts.ATTENTION_BACKENDS ("triton" forces the kernel: on CPU only under
+TRITON_INTERPRET=1).
 The environment variable GENRANK_ATTN_BACKEND overrides "auto" (for tests and
 debugging); the Triton module is imported lazily so CPU code never needs it.
 """
@@ -15,6 +13,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from contracts import ATTENTION_BACKENDS
 
 from .reference import (dense_mask, interval_attention_reference, naive_interval_attention,
                         prefix_interval_attention, sdpa_interval_attention)
@@ -46,6 +46,8 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         backend = os.environ.get("GENRANK_ATTN_BACKEND", "auto")
     if backend == "auto":
         return "triton" if device.type == "cuda" and triton_available() else "reference"
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}: one of {', '.join(ATTENTION_BACKENDS)}")
     return backend
 
 
@@ -62,6 +64,4 @@ def interval_attention(q, k, v, lo, hi, scale: float | None = None, backend: str
         return interval_attention_reference(q, k, v, lo, hi, scale, chunk=chunk)
     if b == "naive":
         return naive_interval_attention(q, k, v, lo, hi, scale)
-    if b == "sdpa":
-        return sdpa_interval_attention(q, k, v, lo, hi, scale)
-    raise ValueError(f"unknown attention backend {backend!r}")
+    return sdpa_interval_attention(q, k, v, lo, hi, scale)

@@ -9,9 +9,9 @@ from collections import Counter
 
 import orjson
 
+from contracts import DAY_MS
 from deploy.prediction_log import QUEUE_FULL, WRITE_ERROR, LogLimits, PredictionLog, prune, read_day
 
-DAY_MS = 86_400_000
 JAN_1 = int(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc).timestamp() * 1000)
 
 

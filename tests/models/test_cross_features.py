@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mt_util import tiny_features, tiny_student, tiny_teacher
-from models.config import DAY_MS
+from contracts import DAY_MS
 from models.data import (CROSS_ACTIONS, CROSS_MATCH_FIELDS, F_ACTION, N_FIELDS, SAMPLE_ARRAYS, collate,
                          cross_counts, iter_samples, n_cross_features, request_tokens, student_tokens, teacher_tokens)
 from models.student import Student

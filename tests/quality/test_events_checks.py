@@ -13,7 +13,7 @@ import pytest
 from quality.events import (EVENTS_CHECKS, EventsThresholds, QuarantineRates, RateLimit, ctr_band,
                             trailing_stats, validate_events)
 from quality.framework import CheckDef, DatasetChecks, to_check_result, to_check_results, validate_frame
-from transforms.contracts import EVENT_COLUMNS
+from contracts import EVENT_COLUMNS
 
 DAY = "2026-06-02"
 START = int(dt.datetime(2026, 6, 2, tzinfo=dt.timezone.utc).timestamp() * 1000)

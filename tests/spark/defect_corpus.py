@@ -14,6 +14,7 @@ import gzip
 import json
 from pathlib import Path
 
+import contracts
 from tests.spark.spark_corpus import behavior, click, impression, make_world
 from transforms import landing
 from transforms.landing import FILE_KINDS, dumps
@@ -73,7 +74,7 @@ def _extra_lines(day: str, previous: str | None, first_lines: dict[str, list[str
         dumps(behavior(s + 10, 1, 2)), dumps(behavior(s + 10, 1, 2)),
         dumps(dict(behavior(s + 11, 1, 3), action="VIEW")),
         dumps(dict(behavior(s + 12, 1, 4), extra=1)),
-        dumps(behavior(s - 1, 1, 5)), dumps(behavior(s + landing.DAY_MS - 1, 1, 6)),
+        dumps(behavior(s - 1, 1, 5)), dumps(behavior(s + contracts.DAY_MS - 1, 1, 6)),
         dumps(dict(behavior(s + 13, 1, 7), item_id="")),
         "not json at all",
     ]

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import contracts
 from transforms import landing
 from transforms.landing import FILE_KINDS, dumps
 
@@ -75,8 +76,8 @@ def make_world(root: Path, start: str = "2026-03-01", n_days: int = 3, n_imps: i
         imps = []
         for k in range(n_imps):
             # the last few impressions sit just before midnight so that their clicks cross it
-            ts = start_ms + landing.DAY_MS - rng.randint(60_000, 20 * 60_000) if k >= n_imps - 4 else \
-                start_ms + rng.randint(0, landing.DAY_MS - 3_600_000)
+            ts = start_ms + contracts.DAY_MS - rng.randint(60_000, 20 * 60_000) if k >= n_imps - 4 else \
+                start_ms + rng.randint(0, contracts.DAY_MS - 3_600_000)
             surface = ("feed", "search", "detail")[k % 3]
             imps.append(impression(day, k, ts, user=rng.randint(1, 9), position=rng.randint(1, landing.SURFACE_SLOTS[surface]),
                                    surface=surface))
@@ -88,7 +89,7 @@ def make_world(root: Path, start: str = "2026-03-01", n_days: int = 3, n_imps: i
         dup_line, relog, extra = idx[7:10], idx[10:12], idx[12:14]
         destroyed_ids = {imps[i]["impression_id"] for v in destroyed.values() for i in v}
 
-        clicked = [i for i in range(n_imps) if rng.random() < 0.35 or imps[i]["ts_ms"] > start_ms + landing.DAY_MS - 25 * 60_000]
+        clicked = [i for i in range(n_imps) if rng.random() < 0.35 or imps[i]["ts_ms"] > start_ms + contracts.DAY_MS - 25 * 60_000]
         click_defects: dict[int, str] = {}
         clean_clicks = [i for i in clicked if imps[i]["impression_id"] not in destroyed_ids]
         for j, i in enumerate(clean_clicks[:3]):
@@ -155,7 +156,7 @@ def make_world(root: Path, start: str = "2026-03-01", n_days: int = 3, n_imps: i
                 truth[imp["impression_id"]] = (label, ctype if label else None, dwell if label else None)
 
         for b in range(n_beh):
-            rec = behavior(start_ms + rng.randint(0, landing.DAY_MS - 1), rng.randint(1, 9), rng.randint(1, 40),
+            rec = behavior(start_ms + rng.randint(0, contracts.DAY_MS - 1), rng.randint(1, 9), rng.randint(1, 40),
                            ("view", "cart", "fav", "buy")[b % 4])
             line = dumps(rec)
             if b == 0:

@@ -10,6 +10,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
+import contracts
 from pipelines.assets.events import RAW_LOGS_MAPPING, events
 from pipelines.resources import GenrankPaths
 from quality.events import EVENTS_CHECKS
@@ -102,7 +103,7 @@ def one_bad_row_of_each_kind(day: str) -> dict[str, list[tuple[str, str]]]:
             (dumps(dict(base, impression_id="x5", user_id="  ")), "empty_id"),
             (dumps(dict(base, impression_id="")), "empty_id"),
             (dumps(dict(base, impression_id="x7", ts_ms=s - 1)), "ts_out_of_range"),
-            (dumps(dict(base, impression_id="x8", ts_ms=s + landing.DAY_MS)), "ts_out_of_range"),
+            (dumps(dict(base, impression_id="x8", ts_ms=s + contracts.DAY_MS)), "ts_out_of_range"),
             (dumps({k: v for k, v in dict(base, impression_id="x9").items() if k != "request_id"}), "missing_key"),
             (dumps(dict(base, impression_id="x10", position="2")), "bad_type"),
             ('{"impression_id": "x11", ', "malformed_json"),

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
+import contracts
 from tests.spark.spark_corpus import behavior, click, impression, make_world
 from tests.spark.spark_helpers import expected_vs_actual
 from transforms import landing
@@ -144,7 +145,7 @@ def _bad_corpus(day: str):
     add("clicks", {k: v for k, v in click(c, c["ts_ms"] + 1000).items() if k != "click_type"}, "quarantined", "missing_key")
     add("behaviors", behavior(s + 100, 1, 5, "buy"), "accepted", "event")
     add("behaviors", behavior(s + 100, 1, 6, "jump"), "quarantined", "unknown_enum")
-    add("behaviors", behavior(s + landing.DAY_MS + 1, 1, 7), "quarantined", "ts_out_of_range")
+    add("behaviors", behavior(s + contracts.DAY_MS + 1, 1, 7), "quarantined", "ts_out_of_range")
     add("behaviors", dict(behavior(s + 100, 1, 8), ts_ms=float(s + 100) + 0.25), "quarantined", "bad_type")
     add("behaviors", '{"user_id": 1, "ts_ms": 5, "item_id": 2', "quarantined", "malformed_json")
     return expected

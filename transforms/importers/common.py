@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from contracts import DAY_MS
 from transforms.landing import (
-    DAY_MS,
     FILE_KINDS,
     REQUIRED_KEYS,
     day_of_ms,

@@ -39,7 +39,7 @@ from transforms.importers.common import (
     require_file, sort_key,
 )
 from transforms.importers.skeleton import Importer, Selection
-from transforms.landing import DAY_MS
+from contracts import DAY_MS
 
 DATASET = "mind"
 BEHAVIORS, NEWS = "behaviors.tsv", "news.tsv"

@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contracts import ACTIONS, CLICK_TYPES, DAY_MS
 from transforms import landing
 from transforms.simulator.world import SHIFT, SURFACE_SHARE, SURFACE_SLOTS, Catalog, WorldConfig
 
 HOUR_MS = 3_600_000
 SERVING_DELAY_MS = HOUR_MS  # the serving oracle sees nothing newer than this
 SESSION_MEMORY_MS = 3 * HOUR_MS
-ACTION_PROBS = (0.84, 0.07, 0.06, 0.03)  # in landing.ACTIONS order: view, cart, fav, buy
+ACTION_PROBS = (0.84, 0.07, 0.06, 0.03)  # in contracts.ACTIONS order: view, cart, fav, buy
 MEMORY_WEIGHT = {"fav": 0.6, "cart": 1.0, "buy": 1.5}
 SURFACES = tuple(SURFACE_SHARE)
 SURFACE_P = np.array([SURFACE_SHARE[s] for s in SURFACES])
@@ -94,14 +95,14 @@ def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserS
     out = UserStream()
     mem = _Memory()
     decay_ms = st.session_decay_min * 60_000
-    half_life_ms = st.long_range_half_life_days * 86_400_000
+    half_life_ms = st.long_range_half_life_days * DAY_MS
     request_no = 0
     last_item = -1
     for day in range(cfg.n_days):
         date = _date(cfg.start_date, day)
         day_start = landing.day_start_ms(date)
         after_shift = cfg.shift_day is not None and date >= cfg.shift_day
-        day_end = day_start + landing.DAY_MS
+        day_end = day_start + DAY_MS
         n_sessions = int(rng.poisson(rate))
         hours = np.sort(rng.choice(24, size=n_sessions, p=HOUR_P))
         next_free = day_start
@@ -177,7 +178,7 @@ def _ad_request(cfg, cat: Catalog, rng, out: UserStream, mem: _Memory, user: int
             dwell = None if rng.random() < 0.1 else int(rng.lognormal(math.log(4_000) + 2.0 * rel, 0.6))
             out.clicks.append({
                 "impression_id": impression_id, "request_id": request_id, "user_id": user, "ad_id": ad,
-                "ts_ms": click_ts, "click_type": landing.CLICK_TYPES[kind], "dwell_ms": dwell,
+                "ts_ms": click_ts, "click_type": CLICK_TYPES[kind], "dwell_ms": dwell,
             })
             mem.add_interest(click_ts, int(ad_cat[k]))
 
@@ -195,7 +196,7 @@ def _behavior(cat: Catalog, rng, out: UserStream, mem: _Memory, user: int, ts: i
     else:
         pool = cat.items_by_category[session_cat if rng.random() < 0.8 else int(rng.choice(len(interest), p=interest))]
         item = int(rng.choice(pool)) if pool.size else int(rng.integers(len(cat.item_category)))
-    action = landing.ACTIONS[int(rng.choice(4, p=ACTION_PROBS))]
+    action = ACTIONS[int(rng.choice(4, p=ACTION_PROBS))]
     category = int(cat.item_category[item])
     brand = int(cat.item_brand[item])
     out.behaviors.append({"user_id": user, "ts_ms": ts, "item_id": item, "category_id": category,

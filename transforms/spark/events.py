@@ -104,12 +104,12 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from transforms import contracts, landing
+import contracts
+from contracts import ACTIONS, CLICK_TYPES, DAY_MS
+from transforms import landing
 from transforms.atomic import staged_dir
-from transforms.landing import (ACTIONS, CLICK_TYPES, DEVICES, FILE_KINDS, INTEGER_KEYS, OPTIONAL_KEYS, REQUIRED_KEYS,
-                                SURFACE_SLOTS, SURFACES)
+from transforms.landing import DEVICES, FILE_KINDS, INTEGER_KEYS, OPTIONAL_KEYS, REQUIRED_KEYS, SURFACE_SLOTS, SURFACES
 
-DAY_MS = landing.DAY_MS
 ID_KEYS = ("request_id", "impression_id", "user_id", "ad_id", "campaign_id", "advertiser_id",
            "category_id", "brand_id", "item_id")
 ENUM_KEYS: dict[str, tuple[str, ...]] = {
@@ -126,7 +126,7 @@ QUARANTINE_REASONS = ("malformed_json", "missing_key", "bad_type", "unknown_enum
                       "position_out_of_range", "ts_out_of_range", "negative_dwell",
                       "orphan_click", "click_outside_window")
 
-# The event table's schema (transforms.contracts) as Spark SQL types.
+# The event table's schema (contracts.EVENT_COLUMNS) as Spark SQL types.
 EVENT_COLUMNS: dict[str, str] = contracts.spark_columns()
 QUARANTINE_COLUMNS: dict[str, str] = {
     "kind": "string", "source_file": "string", "line_no": "bigint", "reason": "string",
