@@ -32,14 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deploy import registry as reg  # noqa: E402
 from deploy.stack import Ports, Stack  # noqa: E402
 from pipelines.operating import FINGERPRINT_TAG  # noqa: E402
-from tests.operating.services import free_port  # noqa: E402
-from tests.operating.test_daemon import _land_all  # noqa: E402
-from tests.stack.test_stack import RUN_ENV, _free_spark_ports  # noqa: E402
+from transforms import landing  # noqa: E402
 from transforms.simulator import simulate  # noqa: E402
 
 T0 = time.monotonic()
 FAULT_ENV = {
-    **RUN_ENV,
+    "GENRANK_LATENCY_BUDGET_MS": "1e9",   # the latency gate would judge these loaded cores, not the fault
+    "GENRANK_SENSOR_INTERVAL_S": "5",
+    "GENRANK_START_DATE": "2026-01-01",   # the tiny world's first day
+    "GENRANK_TRAIN_PROCS": "2",           # torchrun's two processes, as the rehearsal runs them
     "GENRANK_SPARK_EXECUTOR_WAIT_S": "90",
     # An MLflow client rides out a server that is away for about 4 min by default (7 retries): 4 retries
     # (about 30 s per request) let the registration fail within the check.
@@ -126,7 +127,7 @@ def main() -> int:
     home.chmod(0o755)
     world = home / "world"
     report = simulate(preset="tiny", seed=0, out=world)
-    stack = Stack(home, Ports(free_port(), free_port(), _free_spark_ports(), free_port()), env=FAULT_ENV)
+    stack = Stack(home, Ports.free(), env=FAULT_ENV)
     try:
         started = time.monotonic()
         stack.up(log=say)
@@ -137,7 +138,7 @@ def main() -> int:
         d1, d2, d3, d4 = report.days[:4]
 
         say(f"fault 1: land {d1} and {d2}; kill the Spark worker once {d1}'s events step runs")
-        _land_all(world, home, [d1, d2])
+        landing.land_days(world, home, [d1, d2])
         run = wait("day 1 run", lambda: next(iter(runs(instance)), None))
         wait("events step", lambda: step_started(instance, run.run_id, "events"), every_s=1)
         time.sleep(5)       # the executor has registered and works
@@ -158,7 +159,7 @@ def main() -> int:
         time.sleep(30)
         stack.up(log=say)
         say(f"daemon pid before {daemon_pid}, after {stack.status()['dagster-daemon']}")
-        _land_all(world, home, [d3, d4])
+        landing.land_days(world, home, [d3, d4])
         wait(f"{d2} settled", lambda: day_settled(instance, d2))
         report_day(instance, d2)
         wait(f"{d3} settled", lambda: day_settled(instance, d3))

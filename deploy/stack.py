@@ -68,6 +68,31 @@ class Ports:
     def from_settings(cls) -> "Ports":
         return cls(*(int(settings.env(name, settings.VARIABLES[name][0])) for name in settings.STACK_PORTS))
 
+    @classmethod
+    def free(cls) -> "Ports":
+        """Ports nobody listens on now (Spark's with its two web UIs after it): a rehearsal beside another."""
+        for _ in range(50):
+            spark = free_port()
+            if spark + 2 < 65536 and all(not _port_taken(spark + i) for i in (1, 2)):
+                return cls(free_port(), free_port(), spark, free_port())
+        raise RuntimeError("no three consecutive free ports for Spark")
+
+
+def free_port() -> int:
+    """A port the kernel has just found free on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
 
 @dataclass
 class Stack:

@@ -48,6 +48,8 @@ def _genrank(name: str) -> bool:
     ("deploy", lambda f, n: not _within(n, "dagster") and (not _genrank(n) or _within(n, "contracts", "deploy", "models", "transforms.atomic")
                                                           or (f == "deploy/replay.py" and _within(n, "transforms.landing"))
                                                           or (f == "deploy/stack.py" and _within(n, "transforms.landing", "pipelines.settings")))),
+    ("quality", lambda f, n: not _genrank(n) or _within(n, "contracts", "quality", "transforms.landing")),
+    ("benchmarks", lambda f, n: not _within(n, "tests")),   # a benchmark shares no code with a test module
 ])
 def test_each_package_imports_only_what_the_map_allows(folder, allowed):
     assert _violations(folder, allowed) == []

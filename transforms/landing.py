@@ -128,6 +128,21 @@ def write_day(root: str | os.PathLike, day: dt.date | str, lines: dict[str, Iter
     return final
 
 
+def land_days(src_root: str | os.PathLike, dst_root: str | os.PathLike, days: Iterable[str],
+              more: Iterable[tuple[str | os.PathLike, str]] = ()) -> None:
+    """Copies complete days (and ``more``: (root, day) pairs) from one landing zone into another at once, as an
+    upstream delivering a backlog would: each is staged beside the landing zone first, then all are renamed
+    into place back to back, so no sensor tick sees part of the set."""
+    (Path(dst_root) / "landing").mkdir(parents=True, exist_ok=True)
+    staged = []
+    for src, day in [(src_root, d) for d in days] + list(more):
+        staging = Path(dst_root) / "landing" / f".staging-{day}"
+        shutil.copytree(day_dir(src, day), staging)
+        staged.append((staging, day))
+    for staging, day in staged:
+        staging.rename(day_dir(dst_root, day))
+
+
 def shift_day(day: str, days: int) -> str:
     """The ISO date ``days`` after (or before) ``day``."""
     return (dt.date.fromisoformat(day) + dt.timedelta(days=days)).isoformat()

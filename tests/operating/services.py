@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -21,12 +20,6 @@ from deploy.stack import BIN, REPO
 from pipelines.runner import local_dagster_home
 
 LOCATION = "genrank"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Service:

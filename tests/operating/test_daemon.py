@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -23,9 +22,9 @@ from dagster._core.scheduler.instigation import TickStatus
 from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
 
 from deploy import registry as reg
+from deploy.stack import BIN, free_port
 from pipelines import operating
-from deploy.stack import BIN
-from tests.operating.services import LOCATION, DagsterStack, Service, browse, free_port
+from tests.operating.services import LOCATION, DagsterStack, Service, browse
 from transforms import landing
 
 pytestmark = pytest.mark.slow
@@ -36,19 +35,6 @@ RUN_ENV = {
     "GENRANK_SENSOR_INTERVAL_S": "5",
     "GENRANK_START_DATE": "2026-01-01",
 }
-
-
-def _land_all(src_home: Path, dst_home: Path, days: list[str], more: tuple[tuple[Path, str], ...] = ()) -> None:
-    """The source days (and ``more``: (home, day) pairs) landed at once: each is copied beside the landing
-    zone first, then all are renamed into place back to back, so no sensor tick sees part of the set."""
-    (dst_home / "landing").mkdir(parents=True, exist_ok=True)
-    staged = []
-    for src, day in [(src_home, d) for d in days] + list(more):
-        staging = dst_home / "landing" / f".staging-{day}"
-        shutil.copytree(landing.day_dir(src, day), staging)
-        staged.append((staging, day))
-    for staging, day in staged:
-        staging.rename(landing.day_dir(dst_home, day))
 
 
 def _wait_until(predicate, stack: DagsterStack, timeout_s: float, what: str):
@@ -181,7 +167,7 @@ def test_a_ui_backfill_then_the_landing_sensor_run_the_days_in_order_under_the_d
         # from its first run, as `genrank run` saw none: day 4 runs once
         garbage = tmp_path / "garbage"
         landing.write_day(garbage, garbage_day, {kind: [f'{{"broken": {i}' for i in range(50)] for kind in landing.FILE_KINDS})
-        _land_all(reference_home, home, report.days, more=((garbage, garbage_day),))
+        landing.land_days(reference_home, home, report.days, more=((garbage, garbage_day),))
 
         started = time.monotonic()
         launched = stack.graphql(BACKFILL, {"params": {

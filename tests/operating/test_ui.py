@@ -9,7 +9,8 @@ import urllib.request
 import pytest
 
 from deploy import registry as reg
-from tests.operating.services import BIN, Service, browse, free_port
+from deploy.stack import free_port
+from tests.operating.services import BIN, Service, browse
 from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,6 @@ import time
 import pytest
 
 from deploy.stack import REPO, Ports, Stack
-from tests.operating.services import free_port
-from tests.stack.test_stack import _free_spark_ports
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -51,7 +49,7 @@ def _job(master: str) -> str:
 
 @pytest.mark.timeout(1200)
 def test_a_job_without_executors_fails_naming_the_master_and_runs_once_a_worker_is_back(tmp_path):
-    stack = Stack(tmp_path, Ports(free_port(), free_port(), _free_spark_ports(), free_port()))
+    stack = Stack(tmp_path, Ports.free())
     (stack.folder / "logs").mkdir(parents=True)
     master = f"spark://127.0.0.1:{stack.ports.spark}"
     try:

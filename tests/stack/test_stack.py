@@ -7,6 +7,7 @@ home of its own, and is taken down by its PID files even when a test fails (and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -25,10 +26,11 @@ import pytest
 
 from deploy import registry as reg
 from deploy import stack as stack_module
-from deploy.stack import Ports, Stack
+from deploy.stack import Ports, Stack, free_port
 from pipelines import operating
-from tests.operating.services import BIN, Service, free_port
-from tests.operating.test_daemon import _assert_serial_and_in_date_order, _daily_runs, _land_all
+from tests.operating.services import BIN, Service
+from tests.operating.test_daemon import _assert_serial_and_in_date_order, _daily_runs
+from transforms import landing
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
@@ -43,30 +45,12 @@ RUN_ENV = {
 }
 
 
-def _free_spark_ports() -> int:
-    """A port p with p + 1 and p + 2 free too (master, its web UI, the worker's web UI)."""
-    for _ in range(50):
-        port = free_port()
-        if port + 2 < 65536 and all(_bindable(port + i) for i in (1, 2)):
-            return port
-    raise RuntimeError("no three consecutive free ports")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
 @pytest.fixture(scope="module")
 def stack():
     """The stack on a fresh home that PostgreSQL's user can traverse (pytest's tmp folders are private to root)."""
     home = Path(tempfile.mkdtemp(prefix="genrank-stack-"))
     home.chmod(0o755)
-    stack = Stack(home, Ports(free_port(), free_port(), _free_spark_ports(), free_port()), env=RUN_ENV)
+    stack = Stack(home, Ports.free(), env=RUN_ENV)
     try:
         started = time.monotonic()
         stack.up(die_with_parent=True)
@@ -88,7 +72,7 @@ def test_the_daily_job_runs_through_the_stack_as_genrank_run_does(tiny_pipeline,
     home = stack.home
     assert stack.up() == {}                       # up twice: everything is already up, nothing starts
     started = time.monotonic()
-    _land_all(reference_home, home, report.days)
+    landing.land_days(reference_home, home, report.days)
     instance = dg.DagsterInstance.from_config(str(stack.dagster_home))
     assert type(instance.run_storage).__name__ == "PostgresRunStorage"
     deadline = time.monotonic() + 3000
@@ -174,7 +158,7 @@ def test_a_port_in_use_is_named_and_nothing_starts(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        stack = Stack(tmp_path, Ports(port, free_port(), _free_spark_ports(), free_port()))
+        stack = Stack(tmp_path, dataclasses.replace(Ports.free(), postgres=port))
         with pytest.raises(ValueError, match=f"port {port} is in use: postgres"):
             stack.up()
     assert not any(stack.folder.glob("*.pid"))
@@ -182,7 +166,7 @@ def test_a_port_in_use_is_named_and_nothing_starts(tmp_path):
 
 def test_down_stops_only_what_its_pid_files_name(tmp_path):
     """A PID file whose process was replaced (same PID, another start time) is stale: down signals nothing."""
-    stack = Stack(tmp_path, Ports(free_port(), free_port(), _free_spark_ports(), free_port()))
+    stack = Stack(tmp_path, Ports.free())
     stack.folder.mkdir(parents=True)
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
@@ -199,7 +183,7 @@ def test_down_stops_what_a_dead_leaders_session_left_and_nothing_else(tmp_path):
     """A dagster-daemon killed without stopping its children leaves them (its code server, their runs) in its
     session: down stops them by that session and the service's marker they inherited; a process of another
     session is left alone, even with the marker."""
-    stack = Stack(tmp_path, Ports(free_port(), free_port(), _free_spark_ports(), free_port()))
+    stack = Stack(tmp_path, Ports.free())
     (stack.folder / "logs").mkdir(parents=True)
     daemon = next(s for s in stack.services() if s.name == "dagster-daemon")
     child_pid_file = tmp_path / "child.pid"
@@ -230,7 +214,7 @@ def test_the_stack_pins_one_start_date_for_its_processes(tmp_path, monkeypatch):
     """GENRANK_START_DATE as `genrank run` decides it (the caller's, else the first complete landing day),
     recorded while the Dagster services run; a different one then is refused, as is a date that is none."""
     monkeypatch.delenv("GENRANK_START_DATE", raising=False)
-    stack = Stack(tmp_path, Ports(free_port(), free_port(), _free_spark_ports(), free_port()))
+    stack = Stack(tmp_path, Ports.free())
     with pytest.raises(ValueError, match="genrank stack up"):
         stack.pipeline_env()
     stack.folder.mkdir(parents=True)
