@@ -9,7 +9,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_TELEMETRY := false
 export DAGSTER_DISABLE_TELEMETRY := true
 
-.PHONY: setup demo test java dbt-manifest dagster mlflow clean-data prod-up prod-down
+.PHONY: setup demo test test-quick java dbt-manifest dagster mlflow clean-data prod-up prod-down
 
 setup: $(STAMP) java dbt-manifest
 
@@ -37,6 +37,10 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The inner loop: unit, property and single-component tests; no Spark, no end-to-end run, no stack (pyproject's markers).
+test-quick: setup
+	$(BIN)/python -m pytest -m "not slow and not spark and not stack"
 
 dagster: setup
 	$(BIN)/genrank ui

@@ -20,6 +20,8 @@ from pipelines.resources import GenrankPaths
 from tests.event_lake import day_range, write_lake
 from transforms import sequences
 
+pytestmark = pytest.mark.slow   # dbt builds of five days through Dagster, each test a few of them: heavy integration
+
 DAYS = day_range("2026-01-01", 5)
 TABLES = {
     "user_sequences": "user_id, seq_index",
