@@ -16,7 +16,7 @@ from pathlib import Path
 import dagster as dg
 
 from deploy import stack
-from deploy.stack import BIN, REPO
+from deploy.stack import BIN, REPO, free_port
 from pipelines.runner import local_dagster_home
 
 LOCATION = "genrank"
