@@ -73,7 +73,7 @@ class Ports:
         """Ports nobody listens on now (Spark's with its two web UIs after it): a rehearsal beside another."""
         for _ in range(50):
             spark = free_port()
-            if spark + 2 < 65536 and all(not _port_taken(spark + i) for i in (1, 2)):
+            if spark + 2 < 65536 and not any(_port_open(spark + i) for i in (1, 2)):
                 return cls(free_port(), free_port(), spark, free_port())
         raise RuntimeError("no three consecutive free ports for Spark")
 
@@ -83,15 +83,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _port_taken(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 @dataclass

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from deploy.prediction_log import read_day
 from deploy.replay import day_requests
 from deploy.sequence_store import FORMAT_VERSION, LmdbStore
 from deploy.service import ServiceConfig, create_app
+from deploy.stack import free_port
 from models import load_model
 from models.data import request_tokens, sample_from_frame
 from transforms import landing
@@ -269,9 +269,7 @@ def _serving(home, **variables):
     new connection per request so that requests spread over the workers; stopped by its PID (the workers drain)."""
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "GENRANK_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
            "GENRANK_SERVE_THREADS": "1", **variables}
     env.pop("GENRANK_ONLINE_STORE", None)

@@ -1,26 +1,20 @@
 """DDP with gloo on CPU: 2 ranks reach the same losses and weights as 1 process on the same global batches."""
 import json
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from deploy.stack import free_port
 from mt_util import ddp_worker, tiny_student
 from models.config import TrainConfig
 from models.train import train_student
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(300)
 def test_two_gloo_ranks_match_one_process(samples_dir, tmp_path):
     budget, steps = 400, 3
-    mp.spawn(ddp_worker, args=(2, _free_port(), samples_dir, str(tmp_path), "student", budget, steps), nprocs=2, join=True)
+    mp.spawn(ddp_worker, args=(2, free_port(), samples_dir, str(tmp_path), "student", budget, steps), nprocs=2, join=True)
     two = json.loads((tmp_path / "result.json").read_text())
     # one process, same global batches: token budget x world
     tc = TrainConfig(lr=3e-3, token_budget=2 * budget, epochs=5, max_steps=steps, log_every=1000, warmup_steps=2, seed=0, device="cpu")

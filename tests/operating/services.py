@@ -33,6 +33,17 @@ class Service:
         self.process = stack.Service(name, [], lambda: cmd, ready=lambda: True)
         self.proc = self.process.launch(folder, env, self.log, die_with_parent=True)
 
+    def wait_ready(self, url: str, timeout_s: float) -> None:
+        """Until ``url`` answers 200; a TimeoutError with the log's tail when the process dies or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    if response.status == 200:
+                        return
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} did not answer {url}: {self.tail()}")
+
     def stop(self) -> None:
         self.process.stop(self.folder, timeout_s=30)
 

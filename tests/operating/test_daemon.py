@@ -7,7 +7,6 @@ services bind to 127.0.0.1 and are stopped by PID."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import re
 import subprocess
@@ -262,20 +261,12 @@ def _serve_replay_and_monitor(stack: DagsterStack, instance: dg.DagsterInstance,
     the day's first ad requests to it over HTTP, its prediction log then read by serving_monitor in a run the
     daemon executes (an asset backfill launched as the UI launches it). The monitor sees the day as served, with
     no skew, and its three checks are on the asset's page in headless Chromium."""
-    import httpx
-
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     service = Service("genrank-serve", [str(BIN / "genrank"), "serve", "--home", str(home), "--port", str(port)],
                       {**stack.env, "GENRANK_SERVE_THREADS": "1"}, stack.folder)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
-                    break
-            assert service.proc.poll() is None and time.monotonic() < deadline, service.tail()
-            time.sleep(0.5)
+        service.wait_ready(f"{url}/healthz", timeout_s=120)
         replayed = subprocess.run([str(BIN / "genrank"), "replay", "--day", day, "--url", url, "--home", str(home),
                                    "--max-requests", "40"], env=stack.env, capture_output=True, text=True, timeout=600)
         assert replayed.returncode == 0, replayed.stdout + replayed.stderr

@@ -3,9 +3,6 @@ version page rendered by headless Chromium, showing its model card and its alias
 
 from __future__ import annotations
 
-import time
-import urllib.request
-
 import pytest
 
 from deploy import registry as reg
@@ -26,7 +23,7 @@ def test_the_champions_registry_page_shows_its_card_and_aliases(tiny_pipeline, t
                                        "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                      {"MLFLOW_ENABLE_TELEMETRY": "false", **_env()}, tmp_path)
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}/health", server)
+        server.wait_ready(f"http://127.0.0.1:{port}/health", timeout_s=240)
         shot = tmp_path / "champion-version.png"
         page = browse(f"http://127.0.0.1:{port}/#/models/{reg.CTR}/versions/{champion.version}", shot, budget_ms=25000)
         text = " ".join(page.replace("<", " <").split())
@@ -42,15 +39,3 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-
-
-def _wait_healthy(url: str, server: Service, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(2)
-    raise TimeoutError(f"mlflow server did not answer {url}: {server.tail()}")
