@@ -1,10 +1,12 @@
 """Property tests of the single interval contract (hypothesis)."""
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.kernels import dense_mask, interval_attention_reference, naive_interval_attention
+from contracts import ATTENTION_BACKENDS
+from models.kernels import dense_mask, interval_attention, interval_attention_reference, naive_interval_attention
 from models.masks import candidate_bounds, segment_cummax, teacher_bounds
 
 SET = settings(max_examples=40, deadline=None)
@@ -146,3 +148,17 @@ def test_dense_mask_detects_a_wrong_mask():
     good = naive_interval_attention(q, k, v, lo, hi)
     bad = interval_attention_reference(q, k, v, lo, torch.clamp(hi + 2, max=T))  # leaks token q+1
     assert not torch.allclose(good, bad, atol=1e-3)
+
+
+def test_an_unknown_backend_is_refused_naming_the_known_ones(monkeypatch):
+    """The dispatch takes only contracts.ATTENTION_BACKENDS, from the argument or GENRANK_ATTN_BACKEND."""
+    q = torch.randn(3, 1, 4)
+    lo, hi = torch.zeros(3, dtype=torch.long), torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match="unknown attention backend 'flash': one of auto, reference") as refused:
+        interval_attention(q, q, q, lo, hi, backend="flash")
+    assert all(name in str(refused.value) for name in ATTENTION_BACKENDS)
+    monkeypatch.setenv("GENRANK_ATTN_BACKEND", "cudnn")
+    with pytest.raises(ValueError, match="unknown attention backend 'cudnn'"):
+        interval_attention(q, q, q, lo, hi)
+    monkeypatch.delenv("GENRANK_ATTN_BACKEND")
+    assert torch.allclose(interval_attention(q, q, q, lo, hi), naive_interval_attention(q, q, q, lo, hi))
