@@ -29,6 +29,7 @@ ad, campaign or category ids are not errors: they are hashed like every id, as a
 """
 from __future__ import annotations
 
+import fcntl
 import gc
 import hashlib
 import logging
@@ -188,16 +189,26 @@ class ModelWatcher:
         if mv is None or (self.current is not None and self.current.version == str(mv.version)):
             return False
         folder = self.cfg.home / "serving" / "models" / f"{self.cfg.model_name}-v{mv.version}"
-        if not any(folder.rglob(ONNX_FILE)):  # download beside, then rename: never a half-written cache
-            with staged_dir(folder) as tmp:
-                self.registry.artifact(self.cfg.model_name, mv.version, tmp, ONNX_FILE)
-        bundle = find_bundle(folder)
+        bundle = find_bundle(self._cached(folder, str(mv.version)))
         verify_sha256(bundle.onnx, mv.tags.get(ONNX_SHA256_TAG), f"{self.cfg.model_name} v{mv.version}")
         loaded = LoadedModel(str(mv.version), mv.run_id, bundle, bundle.student_config(),
                              OnnxScorer(bundle.onnx, self.cfg.threads), time.time())
         old, self.current = self.current, loaded
         log.info("serving %s v%s (was %s)", self.cfg.model_name, mv.version, old.version if old else "none")
         return True
+
+    def _cached(self, folder: Path, version: str) -> Path:
+        """The version's artifact folder in the serving cache, downloaded once. The workers of one `genrank serve`
+        start together: the first takes the lock and downloads beside the folder, then renames (never a
+        half-written cache); the others wait on the lock and find it there instead of replacing it under a
+        worker that is loading it."""
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not any(folder.rglob(ONNX_FILE)):
+                with staged_dir(folder) as tmp:
+                    self.registry.artifact(self.cfg.model_name, version, tmp, ONNX_FILE)
+        return folder
 
 
 # ------------------------------------------------------------------------------------------ store

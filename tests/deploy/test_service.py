@@ -263,6 +263,52 @@ def test_a_graph_that_does_not_match_its_sha256_tag_is_not_swapped_in(home):
     assert info["version"] == old and "sha256" in info["last_refresh_error"]
 
 
+def _start_a_worker(home, barrier, answers) -> None:
+    """What a worker of `genrank serve` does first, after the other workers reached the same point."""
+    from deploy.service import ModelWatcher
+
+    watcher = ModelWatcher(ServiceConfig(home=home, tracking_uri=f"sqlite:///{home / 'mlflow.db'}", threads=1))
+    barrier.wait()
+    try:
+        watcher.refresh()
+        answers.put(watcher.current.version)
+    except Exception as exc:  # noqa: BLE001 - the test names it
+        answers.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_workers_starting_together_download_the_champion_once_and_each_load_it(home, monkeypatch):
+    """The race of `genrank serve --workers N` at start-up: every worker finds the version's cache folder empty.
+    One downloads it; the others wait and load that copy, instead of replacing the folder under a worker that is
+    reading it (a worker that lost that race served 503s until its next poll). The download is slowed down so that
+    the workers all look while the first is still fetching."""
+    import multiprocessing
+
+    downloads = home / "downloads.txt"
+    fetch = reg.Registry.artifact
+
+    def slow_fetch(self, *args, **kwargs):
+        with open(downloads, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        got = fetch(self, *args, **kwargs)
+        time.sleep(1.0)
+        return got
+
+    monkeypatch.setattr(reg.Registry, "artifact", slow_fetch)
+    fork = multiprocessing.get_context("fork")   # the patch travels with the workers
+    barrier, answers = fork.Barrier(3), fork.Queue()
+    workers = [fork.Process(target=_start_a_worker, args=(home, barrier, answers)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    loaded = sorted(answers.get(timeout=120) for _ in workers)
+    for w in workers:
+        w.join(30)
+    champion = str(reg.default_registry(home).by_alias(reg.CTR, "champion").version)
+    assert loaded == [champion] * 3
+    assert len(downloads.read_text().split()) == 1
+    assert [p.name for p in (home / "serving" / "models").iterdir() if not p.name.startswith(".")] == \
+        [f"{reg.CTR}-v{champion}"]
+
+
 @contextlib.contextmanager
 def _serving(home, **variables):
     """`genrank serve --workers 2` on a free loopback port, answering /healthz: (client, url), the client opening a
