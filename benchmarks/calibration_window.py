@@ -1,6 +1,6 @@
 """How many days' held-out slices the daily student's calibration should be fitted on, per world (issue #18
 item 6): the pipeline's daily chain (benchmarks/quality_suite/protocol.py, no KD, one training seed) calibrated
-on the held-out slices of its newest 1..N days (models.calibrate_on_days, as pipelines/assets/training.py does
+on the held-out slices of its newest 1..N days (models.calibrate_on_days, as assets/training.py does
 with StudentTrainingConfig.calibration_days), each scored on the next day.
 
     .venv/bin/python benchmarks/calibration_window.py --home /tmp/gq-demo --world demo

@@ -5,7 +5,7 @@
 
 Trains one model from scratch on every day but the last `--test-days` (1 torch thread, seed 0) and,
 after each epoch, scores each test day under serving conditions (models.evaluate). Prints one JSON line
-per epoch. The models and their training settings are the pipeline's own (pipelines/assets/training.py:
+per epoch. The models and their training settings are the pipeline's own (assets/training.py:
 models/config.py: DEMO_TEACHER_SIZES / DEMO_STUDENT_SIZES through teacher_config / student_config / train_config),
 except that the epoch count is the curve's and no step floor or cap applies; `--id-dropout`, `--layers` and
 `--no-cross-features` change one thing at a time.

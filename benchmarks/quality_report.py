@@ -26,7 +26,7 @@ newest event's day, so the next day is refused): of the runs of consecutive days
 
 Protocol. Every model trains from scratch on every day before the test day(s) through the pipeline's
 own training entry points (models.train_teacher / train_student with TrainConfig.holdout, as
-pipelines/assets/training.py): the newest training day's latest Sizes.holdout share of impressions is held out,
+assets/training.py): the newest training day's latest Sizes.holdout share of impressions is held out,
 scored after every pass, training stops after Sizes.patience passes without a better held-out AUC and
 keeps the best pass, and the served head's per-bucket calibration is fitted on that slice. No variant
 depends on a pass count tuned for another, and nothing is chosen on the test days. It is then tested out

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="write the figures to benchmarks/RESULTS.spark.md")
     args = ap.parse_args(argv)
 
-    from pipelines import settings
+    from contracts import settings
     from transforms.spark.events import run_events_job
     from transforms.spark.session import build_session
 

@@ -2,7 +2,7 @@
 
 ``monitor_day`` reads D's prediction log (deploy/prediction_log.py), D's ad requests from the landing
 zone (deploy/replay.py's reading of the landing contract) and D's training samples (the labels), and
-returns a ``MonitorReport`` of three checks; the ``serving_monitor`` asset (pipelines/assets/monitoring.py)
+returns a ``MonitorReport`` of three checks; the ``serving_monitor`` asset (assets/monitoring.py)
 turns them into asset checks and metadata.
 
 - **Skew** (ERROR when not met). Every logged request scored from the online store is scored again

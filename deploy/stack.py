@@ -44,7 +44,7 @@ from typing import Callable
 
 import yaml
 
-from pipelines import settings
+from contracts import settings
 from transforms import landing
 
 REPO = settings.REPO_ROOT

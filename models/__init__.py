@@ -1,6 +1,6 @@
 """genrank models: tokenisation, layers, CADET-style teacher, TM20K student, training, metrics.
 
-No Dagster here; pipelines/assets/ call these functions.
+No Dagster here; assets/ call these functions.
 
 Public API (what the pipeline calls)
 ------------------------------------

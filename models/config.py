@@ -222,7 +222,7 @@ class ModelSizes:
 
 DEMO_SIZES = ModelSizes()
 # What the pipeline trains each model with where it departs from DEMO_SIZES (the defaults of
-# pipelines/assets/training.py's TeacherTrainingConfig and StudentTrainingConfig): the teacher's window of days takes
+# assets/training.py's TeacherTrainingConfig and StudentTrainingConfig): the teacher's window of days takes
 # larger batches, and the daily student, warm-started, a smaller step.
 DEMO_TEACHER_SIZES = dataclasses.replace(DEMO_SIZES, token_budget=4096)
 DEMO_STUDENT_SIZES = dataclasses.replace(DEMO_SIZES, lr=2e-3)

@@ -188,7 +188,7 @@ def calibrate(model: nn.Module, held_out_paths, device=None) -> np.ndarray:
     """Fits the served head's per-bucket calibration on held-out samples (impressions the model never trained
     on): the logit shifts that make its mean predicted CTR the observed CTR of each bucket there
     (calibration_shifts). fit() calls it on its held-out slice; a caller with more such slices (the daily
-    student's earlier days, pipelines.assets.training) calls it again on all of them. Returns the shifts."""
+    student's earlier days, assets.training) calls it again on all of them. Returns the shifts."""
     head = served_head(model)
     head.calibration.zero_()
     pred = predict(model, held_out_paths, device=device, with_labels=True)

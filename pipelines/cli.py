@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines import settings
+from contracts import settings
 
 
 def world_config(preset: str, strengths: str | None = None, users: int | None = None, days: int | None = None,

@@ -2,16 +2,17 @@
 
 import dagster as dg
 
-from pipelines import partitions, settings
+from assets import partitions
+from contracts import settings
 
 # The partition set is decided here, when the code location loads, and pinned in the environment so that
-# the sensor's planning and every process this one starts see the same set (pipelines/partitions.py).
+# the sensor's planning and every process this one starts see the same set (assets/partitions.py).
 partitions.pin_start_date(settings.genrank_home())
 
-from pipelines.assets import events, monitoring, sequences, serving, training
-from pipelines.assets.raw_logs import raw_logs
+from assets import events, monitoring, sequences, serving, training
+from assets.raw_logs import raw_logs
 from pipelines.jobs import daily_job, daily_schedule, teacher_job
-from pipelines.resources import default_resources
+from assets.resources import default_resources
 from pipelines.sensors import landing_sensor
 
 defs = dg.Definitions(

@@ -5,13 +5,13 @@ import warnings
 import dagster as dg
 
 from pipelines import operating
-from pipelines.resources import GenrankPaths
+from assets.resources import GenrankPaths
 
 TEACHER = dg.AssetSelection.assets("teacher_model")
 
 # Every launcher (the landing sensor, the schedule, a daily_job backfill from the UI, `genrank run`) runs
 # this one job per day. It holds the teacher too: teacher_model retrains inside the day's run when its
-# cadence says so (pipelines/assets/training.py teacher_due), so every launcher gets the teacher exactly where
+# cadence says so (assets/training.py teacher_due), so every launcher gets the teacher exactly where
 # `genrank run` does.
 # A daily_job backfill runs one run per day by design; the dbt stage's single-run policy is for range
 # backfills from the asset graph. Dagster warns about the mix every time the job resolves: expected here.

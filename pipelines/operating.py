@@ -24,9 +24,9 @@ from pathlib import Path
 import dagster as dg
 from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
 
-from pipelines import settings
-from pipelines.partitions import daily_partitions
-from pipelines.resources import GenrankPaths
+from contracts import settings
+from assets.partitions import daily_partitions
+from assets.resources import GenrankPaths
 from transforms import landing, landing_watch
 
 LANE_TAG = "genrank/lane"              # the run queue admits one run of this lane at a time

@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines import partitions, settings
+from assets import partitions
+from contracts import settings
 from pipelines.console import RunConsole
 from pipelines.report import write_run_report
 from transforms import landing
@@ -61,7 +62,7 @@ def local_dagster_home(home: Path) -> Path:
 
 def prepare_code_location(home: Path) -> None:
     """What the code location needs before it loads, prepared by the command so that every process it starts
-    agrees: GENRANK_START_DATE pinned (pipelines.partitions.pin_start_date), the landed days checked against
+    agrees: GENRANK_START_DATE pinned (assets.partitions.pin_start_date), the landed days checked against
     the partition set that pins (a one-line ValueError, before anything is written), and dbt's manifest
     parsed when missing or stale."""
     from transforms.sequences import ensure_manifest
@@ -129,7 +130,7 @@ SUMMARY_KEYS: dict[tuple[str, str], str] = {
 }
 # serving_monitor's metadata the report plots per day (pipelines/report.py MONITOR_PANELS), not printed
 MONITOR_KEYS = ("served", "skew_max_abs_diff", "psi", "calibration_by_bucket")
-TEACHER_EVERY_DAYS = 7    # the teacher's retrain cadence (pipelines/assets/training.py TeacherTrainingConfig.every_days)
+TEACHER_EVERY_DAYS = 7    # the teacher's retrain cadence (assets/training.py TeacherTrainingConfig.every_days)
 
 
 def run_days(start: str | None, end: str | None, home: Path | None = None,

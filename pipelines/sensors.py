@@ -13,9 +13,10 @@ import json
 
 import dagster as dg
 
-from pipelines import operating, settings
+from contracts import settings
+from pipelines import operating
 from pipelines.jobs import daily_job
-from pipelines.resources import GenrankPaths
+from assets.resources import GenrankPaths
 from transforms import landing, landing_watch
 
 

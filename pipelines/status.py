@@ -9,7 +9,9 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from pipelines import operating, partitions, settings
+from assets import partitions
+from contracts import settings
+from pipelines import operating
 from pipelines.runner import local_dagster_home
 from transforms import landing_watch
 

@@ -31,7 +31,7 @@ def pytest_configure(config):
 def _fail_a_skip_in_ci(report, node) -> None:
     """In CI (CI=true) a skip hides work a clean clone must do (the real-data tests: CI has ../shared/data),
     so any skip but a CUDA test's fails the run, with the skip's reason."""
-    from pipelines import settings
+    from contracts import settings
 
     if report.skipped and not hasattr(report, "wasxfail") and settings.ci() and node.get_closest_marker("cuda") is None:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import json
-from pathlib import Path
 
 from tests.conftest import REPO
 
@@ -35,7 +34,7 @@ def pipeline_checks() -> dict[str, bool]:
 
 
 def dbt_tests() -> set[str]:
-    from pipelines.assets.sequences import MANIFEST
+    from assets.sequences import MANIFEST
 
     nodes = json.loads(MANIFEST.read_text())["nodes"].values()
     return {n["name"] for n in nodes if n["resource_type"] == "test"}

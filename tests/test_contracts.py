@@ -2,7 +2,7 @@
 
 import yaml
 
-from pipelines.assets.sequences import SequenceBuildConfig
+from assets.sequences import SequenceBuildConfig
 from models.config import BackboneConfig
 from transforms.sequences import DBT_PROJECT_DIR
 

@@ -13,7 +13,7 @@ import json
 import duckdb
 import pytest
 
-from pipelines.assets.sequences import dbt_resource
+from assets.sequences import dbt_resource
 from tests.event_lake import day_range, write_lake
 
 DAYS = day_range("2026-01-01", 2)

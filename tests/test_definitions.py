@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipelines.resources import GenrankPaths
+from assets.resources import GenrankPaths
 from pipelines.sensors import landing_sensor
 from tests.conftest import REPO
 from transforms import landing
@@ -119,7 +119,7 @@ def test_the_production_instance_config_is_valid_and_keeps_the_local_rules():
     from dagster._core.instance.config import dagster_instance_config_schema, validate_concurrency_config
     from dagster_docker import DockerRunLauncher
 
-    from pipelines import settings
+    from contracts import settings
     from pipelines.runner import INSTANCE_YAML
 
     prod = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())

@@ -12,9 +12,9 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.assets import training
+from assets import training
 from deploy import registry as reg
-from pipelines.resources import GenrankPaths, MlflowResource
+from assets.resources import GenrankPaths, MlflowResource
 from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow

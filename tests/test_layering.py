@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-GENRANK = ("contracts", "pipelines", "transforms", "models", "quality", "deploy")
+GENRANK = ("contracts", "assets", "pipelines", "transforms", "models", "quality", "deploy")
 
 
 def _imports(path: Path) -> set[str]:
@@ -39,17 +39,32 @@ def _genrank(name: str) -> bool:
     return _within(name, *GENRANK)
 
 
-@pytest.mark.parametrize("folder, allowed", [
-    ("contracts", lambda f, n: n.split(".")[0] in sys.stdlib_module_names),   # the layer below all: no dependency
-    ("pipelines/assets", lambda f, n: not _within(n, "pipelines") or _within(
-        n, "pipelines.assets", "pipelines.partitions", "pipelines.resources", "pipelines.settings")),
-    ("transforms", lambda f, n: not _within(n, "dagster", "dagster_dbt", "pipelines", "deploy", "quality")),
-    ("models", lambda f, n: not _within(n, "dagster") and (not _genrank(n) or _within(n, "contracts", "models", "transforms.atomic"))),
-    ("deploy", lambda f, n: not _within(n, "dagster") and (not _genrank(n) or _within(n, "contracts", "deploy", "models", "transforms.atomic")
-                                                          or (f == "deploy/replay.py" and _within(n, "transforms.landing"))
-                                                          or (f == "deploy/stack.py" and _within(n, "transforms.landing", "pipelines.settings")))),
-    ("quality", lambda f, n: not _genrank(n) or _within(n, "contracts", "quality", "transforms.landing")),
-    ("benchmarks", lambda f, n: not _within(n, "tests")),   # a benchmark shares no code with a test module
-])
-def test_each_package_imports_only_what_the_map_allows(folder, allowed):
-    assert _violations(folder, allowed) == []
+# pipelines (the code location) -> assets (the Dagster glue) -> the libraries -> contracts; nothing imports upwards.
+RULES = {
+    "contracts": lambda f, n: n.split(".")[0] in sys.stdlib_module_names,   # the layer below all: no dependency
+    "pipelines": lambda f, n: True,                                          # the top: the code location, the CLI
+    "assets": lambda f, n: not _within(n, "pipelines"),
+    "transforms": lambda f, n: not _within(n, "dagster", "dagster_dbt", "pipelines", "assets", "deploy", "quality"),
+    "models": lambda f, n: not _within(n, "dagster") and (not _genrank(n) or _within(n, "contracts", "models", "transforms.atomic")),
+    "deploy": lambda f, n: not _within(n, "dagster") and (not _genrank(n) or _within(n, "contracts", "deploy", "models", "transforms.atomic")
+                                                          or (f in ("deploy/replay.py", "deploy/stack.py") and _within(n, "transforms.landing"))),
+    "quality": lambda f, n: not _genrank(n) or _within(n, "contracts", "quality", "transforms.landing"),
+    "benchmarks": lambda f, n: not _within(n, "tests"),   # a benchmark shares no code with a test module
+}
+
+
+@pytest.mark.parametrize("folder", list(RULES))
+def test_each_package_imports_only_what_the_map_allows(folder):
+    assert _violations(folder, RULES[folder]) == []
+
+
+def test_the_readme_map_and_the_installed_packages_are_the_checked_ones():
+    """The README's "Where things live" table has a row for each folder ruled here (and tests/), and the
+    packages pyproject installs are exactly the genrank ones."""
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("## Where things live", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("`")[1].rstrip("/") for line in table.splitlines() if line.startswith("| `")}
+    assert rows == set(RULES) | {"tests"}
+    pyproject = (REPO / "pyproject.toml").read_text()
+    include = pyproject.split("[tool.setuptools.packages.find]", 1)[1].split("include = [", 1)[1].split("]", 1)[0]
+    assert {name.strip().strip('"').rstrip("*") for name in include.split(",")} == set(GENRANK)

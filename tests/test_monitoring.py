@@ -78,8 +78,8 @@ def test_drift_fires_on_the_shift_day_and_on_no_other(shifted_world, tiny_world)
 def test_a_day_without_a_log_is_not_served_and_its_run_succeeds(shifted_world, monkeypatch):
     """The asset on the shift day of a world nobody served: no model is loaded, skew and calibration pass as
     skipped, the landing's drift is an ERROR-severity check that does not fail the run."""
-    from pipelines.assets.monitoring import serving_monitor
-    from pipelines.resources import GenrankPaths, MlflowResource
+    from assets.monitoring import serving_monitor
+    from assets.resources import GenrankPaths, MlflowResource
 
     root, _, shift = shifted_world
     monkeypatch.setenv("GENRANK_SERVE_PREDICTION_LOG", str(root / "prediction_log"))

@@ -13,9 +13,9 @@ import dagster as dg
 import pytest
 import torch
 
-from pipelines.assets import training
+from assets import training
 from deploy import registry as reg
-from pipelines.resources import GenrankPaths, MlflowResource
+from assets.resources import GenrankPaths, MlflowResource
 from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow
@@ -168,8 +168,8 @@ def test_a_killed_training_run_resumes_from_its_checkpoint_and_leaves_nothing_be
     config = {"force": True, "epochs": 400, "warm_epochs": 400, "patience": 400, "max_steps": 40, "ckpt_every": 20}
     script = DIE_AFTER_FIRST_CHECKPOINT + (
         "import dagster as dg\n"
-        "from pipelines.assets import training\n"
-        "from pipelines.resources import GenrankPaths, MlflowResource\n"
+        "from assets import training\n"
+        "from assets.resources import GenrankPaths, MlflowResource\n"
         f"dg.materialize([training.student_candidate], partition_key={day!r}, resources={{"
         f"'paths': GenrankPaths(home={str(home)!r}), 'mlflow': MlflowResource(tracking_uri={'sqlite:///' + str(home / 'mlflow.db')!r})}},"
         f" run_config={{'ops': {{'student_candidate': {{'config': {config!r}}}}}}})\n"

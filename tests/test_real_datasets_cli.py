@@ -84,7 +84,7 @@ def test_movielens_2015_through_import_and_run(movielens_landing, tmp_path):
     assert re.search(r"^(Champion: genrank-ctr v\d+ |No champion: .+\.$)", out.stdout, re.M), out.stdout
     assert "Traceback" not in out.stdout + out.stderr
 
-    broken_order = ("import sys, pipelines.partitions, pipelines.operating, pipelines.runner, pipelines.cli; "
+    broken_order = ("import sys, assets.partitions, pipelines.operating, pipelines.runner, pipelines.cli; "
                     f"sys.exit(pipelines.cli.main(['run', '--home', {str(home)!r}, '--start', {DAYS[-1]!r}]))")
     rerun = subprocess.run([sys.executable, "-c", broken_order], env=_env(home), capture_output=True, text=True,
                            timeout=1200)

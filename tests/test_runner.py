@@ -35,7 +35,7 @@ def test_landed_days_outside_the_partition_set_are_a_one_line_error_saying_what_
     import dagster as dg
     import pytest
 
-    from pipelines.partitions import check_days_in_partitions
+    from assets.partitions import check_days_in_partitions
 
     partitions = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC")
     check_days_in_partitions(["2026-01-01", "2026-01-05"], partitions)
@@ -49,8 +49,8 @@ def test_landed_days_outside_the_partition_set_are_a_one_line_error_saying_what_
 def test_the_first_partition_is_the_setting_else_the_first_landing_day_else_the_default(tmp_path, monkeypatch):
     import pytest
 
-    from pipelines import settings
-    from pipelines.partitions import first_partition_day
+    from contracts import settings
+    from assets.partitions import first_partition_day
     from transforms import landing
 
     monkeypatch.delenv("GENRANK_START_DATE", raising=False)

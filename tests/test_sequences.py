@@ -14,9 +14,9 @@ import pytest
 
 from contracts import TRAINING_SAMPLES
 from models.synthetic import write_training_samples
-from pipelines.assets.sequences import dbt_resource, sequence_models, training_samples_checks
+from assets.sequences import dbt_resource, sequence_models, training_samples_checks
 from quality.training_samples import validate_training_samples
-from pipelines.resources import GenrankPaths
+from assets.resources import GenrankPaths
 from tests.event_lake import day_range, write_lake
 from transforms import sequences
 
@@ -256,7 +256,7 @@ def test_a_recorded_empty_day_is_built_empty_and_the_next_day_builds_on_the_day_
 
 
 def test_the_samples_checks_use_the_runs_sequence_config():
-    from pipelines.assets.sequences import SequenceBuildConfig, run_sequence_config
+    from assets.sequences import SequenceBuildConfig, run_sequence_config
 
     configured = {"ops": {"sequence_models": {"config": {"n_position_buckets": 3, "max_seq_len": 512}}}}
     assert run_sequence_config(configured).n_position_buckets == 3

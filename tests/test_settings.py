@@ -2,7 +2,7 @@
 
 import re
 
-from pipelines import settings
+from contracts import settings
 from tests.conftest import REPO
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from deploy import registry as reg
 from deploy.gates import teacher_gate
-from pipelines.assets import training
-from pipelines.resources import GenrankPaths, MlflowResource
+from assets import training
+from assets.resources import GenrankPaths, MlflowResource
 from tests.conftest import copy_home
 
 

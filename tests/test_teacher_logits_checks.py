@@ -9,8 +9,8 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from pipelines.assets import training
-from pipelines.resources import GenrankPaths, MlflowResource
+from assets import training
+from assets.resources import GenrankPaths, MlflowResource
 from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow

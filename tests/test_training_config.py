@@ -9,7 +9,7 @@ import pydantic
 import pytest
 import torch
 
-from pipelines.assets import training
+from assets import training
 from deploy.gates import GateConfig
 from deploy.onnx_export import PARITY_TOLERANCE
 from models import preset

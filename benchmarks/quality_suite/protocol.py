@@ -42,7 +42,7 @@ def fit_model(kind: str, cfg, probs, train_days: list[str], world: World, sz: Si
                        "train_tokens_per_s": th["tokens_per_s"], "train_events_per_s": th["events_per_s"]}
 
 
-# The pipeline's daily protocol (pipelines/assets/training.py), which fit_model's rows do not follow: a teacher
+# The pipeline's daily protocol (assets/training.py), which fit_model's rows do not follow: a teacher
 # retrained on `genrank demo`'s cadence over the days before it serves (teacher_due, TeacherTrainingConfig), its
 # probabilities cached for each day it serves; from the first such day, the student of day D warm-starts from
 # D-1's and trains on D alone (at most StudentTrainingConfig.warm_epochs passes, the first day cold), with the
@@ -57,7 +57,7 @@ def daily_teacher_probs(world: World, tcfg, sz: Sizes, seed: int):
     import pandas as pd
 
     from models import predict
-    from pipelines.assets.training import TeacherTrainingConfig, teacher_due
+    from assets.training import TeacherTrainingConfig, teacher_due
 
     tt, window, teacher, probs, windows = TeacherTrainingConfig(), None, None, [], []
     for day in world.train_days:
@@ -90,7 +90,7 @@ def daily_student(world: World, scfg, sz: Sizes, seed: int, probs, chain_days: l
     import tempfile
 
     from models import calibrate_on_days, train_student
-    from pipelines.assets.training import StudentTrainingConfig
+    from assets.training import StudentTrainingConfig
 
     st, tc = StudentTrainingConfig(), train_cfg(sz, seed)
     model, seconds, steps, passes = None, 0.0, 0, []

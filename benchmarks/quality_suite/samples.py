@@ -50,7 +50,7 @@ def _build_samples_child(home: Path) -> int:
 
     instance = prepare_instance(home)
     from pipelines.definitions import defs
-    from pipelines.partitions import daily_partitions
+    from assets.partitions import daily_partitions
 
     selection = dg.AssetSelection.groups("ingest", "sequences") - dg.AssetSelection.assets("raw_logs")
     jobs = [dg.define_asset_job("quality_samples_job", selection=selection, partitions_def=daily_partitions()),

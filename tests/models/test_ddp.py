@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 import torch.multiprocessing as mp
 
 from deploy.stack import free_port

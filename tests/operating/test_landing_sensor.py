@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 from pipelines import operating
-from pipelines.resources import GenrankPaths
+from assets.resources import GenrankPaths
 from pipelines.sensors import landing_sensor
 from transforms import landing
 from tests.conftest import copy_home
@@ -128,7 +128,7 @@ def test_the_newest_day_waits_for_its_late_clicks(tmp_path):
 
 
 def test_teacher_cadence_is_the_runs_rule():
-    from pipelines.assets.training import teacher_due
+    from assets.training import teacher_due
 
     days = ["2026-01-01", "2026-01-02"]
     assert teacher_due("2026-01-02", days[:1], None, 7, 2) == (False, "1 day(s) of samples before 2026-01-02; the first teacher needs 2")

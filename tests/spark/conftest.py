@@ -21,7 +21,7 @@ def spark():
 @pytest.fixture(scope="session")
 def shared_spark_resource(spark):
     """A SparkResource that hands out the test session and does not stop it after each run."""
-    from pipelines.resources import SparkResource
+    from assets.resources import SparkResource
 
     class SharedSparkResource(SparkResource):
         def teardown_after_execution(self, context) -> None:  # the session fixture stops it

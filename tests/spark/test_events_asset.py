@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import contracts
-from pipelines.assets.events import RAW_LOGS_MAPPING, events
-from pipelines.resources import GenrankPaths
+from assets.events import RAW_LOGS_MAPPING, events
+from assets.resources import GenrankPaths
 from quality.events import EVENTS_CHECKS
 from tests.spark.spark_corpus import behavior, click, impression
 from tests.spark.spark_helpers import expected_vs_actual

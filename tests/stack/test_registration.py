@@ -80,7 +80,7 @@ def test_a_version_registered_before_the_registration_tag_counts_as_complete(reg
 
 
 def test_a_candidate_warm_starts_only_from_a_complete_version(registry, monkeypatch):
-    from pipelines.assets.training import _newest_candidate_before
+    from assets.training import _newest_candidate_before
 
     done = _register(registry)
     with monkeypatch.context() as fault:

@@ -1,6 +1,6 @@
 """SparkSession construction for genrank jobs.
 
-``build_session(master, driver_memory, shuffle_partitions)`` is what ``pipelines.resources.SparkResource``
+``build_session(master, driver_memory, shuffle_partitions)`` is what ``assets.resources.SparkResource``
 calls. It checks for a Java runtime first (PySpark needs a JVM) and stops with a message saying how to
 install one, instead of PySpark's opaque "Java gateway process exited" error.
 

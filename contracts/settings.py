@@ -1,6 +1,8 @@
 """Every configuration variable of genrank, in one place, with its local default.
 
-Library code takes explicit arguments; only the Dagster resources and the command line read these.
+Library code takes explicit arguments; the Dagster resources (assets/resources.py), the code location and the
+command line read these. It lives in `contracts`, the layer below every package, so that the code location, the
+assets and the production rehearsal (deploy/stack.py) read the one definition without importing upwards.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ DEFAULT_START_DATE = "2026-01-01"
 
 def requested_start_date() -> str | None:
     """GENRANK_START_DATE as set in the environment, or None. The first daily partition itself is decided
-    by pipelines.partitions.first_partition_day (this, else the first complete landing day, else the default)."""
+    by assets.partitions.first_partition_day (this, else the first complete landing day, else the default)."""
     return env("GENRANK_START_DATE", "") or None
 
 

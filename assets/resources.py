@@ -1,4 +1,4 @@
-"""Dagster resources: data paths, Spark, DuckDB and MLflow, configured once from pipelines.settings."""
+"""Dagster resources: data paths, Spark, DuckDB and MLflow, configured once from contracts.settings."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import PrivateAttr
 
-from pipelines import settings
+from contracts import settings
 
 
 class GenrankPaths(dg.ConfigurableResource):

@@ -17,8 +17,8 @@ import dagster as dg
 from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_assets
 
 from models.config import BackboneConfig
-from pipelines.partitions import daily_partitions, run_partition_days
-from pipelines.resources import GenrankPaths
+from assets.partitions import daily_partitions, run_partition_days
+from assets.resources import GenrankPaths
 from quality.framework import to_check_result
 from quality.training_samples import TRAINING_SAMPLES_CHECKS, validate_training_samples
 from transforms import sequences

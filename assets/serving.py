@@ -4,8 +4,8 @@ import dagster as dg
 
 from deploy.sequence_store import update_day
 from models.config import DEMO_SIZES, FeatureConfig
-from pipelines.partitions import daily_partitions
-from pipelines.resources import GenrankPaths, OnlineStoreResource
+from assets.partitions import daily_partitions
+from assets.resources import GenrankPaths, OnlineStoreResource
 
 
 class OnlineStoreConfig(dg.Config):

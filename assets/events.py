@@ -25,16 +25,16 @@ import time
 
 import dagster as dg
 
-from pipelines import settings
-from pipelines.partitions import daily_partitions
-from pipelines.resources import GenrankPaths, SparkResource
+from contracts import settings
+from assets.partitions import daily_partitions
+from assets.resources import GenrankPaths, SparkResource
 from quality.events import EVENTS_CHECKS, EventsThresholds, QuarantineRates, RateLimit, validate_events
 from quality.framework import to_check_results
 from transforms import landing
 from transforms.landing_watch import day_fingerprint
 from transforms.spark.events import run_events_job
 
-from pipelines.assets.raw_logs import raw_logs
+from assets.raw_logs import raw_logs
 
 RAW_LOGS_MAPPING = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=1,
                                                  allow_nonexistent_upstream_partitions=True)

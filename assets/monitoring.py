@@ -4,9 +4,9 @@ import dagster as dg
 
 from deploy import registry as reg
 from deploy.monitoring import ERROR, PASS, WARN, monitor_day
-from pipelines import settings
-from pipelines.partitions import daily_partitions
-from pipelines.resources import GenrankPaths, MlflowResource
+from contracts import settings
+from assets.partitions import daily_partitions
+from assets.resources import GenrankPaths, MlflowResource
 from transforms import landing
 
 SEVERITY = {WARN: dg.AssetCheckSeverity.WARN, ERROR: dg.AssetCheckSeverity.ERROR}

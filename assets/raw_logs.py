@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from pipelines.partitions import daily_partitions
+from assets.partitions import daily_partitions
 
 raw_logs = dg.AssetSpec(
     "raw_logs",

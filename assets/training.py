@@ -36,9 +36,9 @@ from deploy.gates import SHADOW_GATES, GateConfig, GateResult, teacher_gate
 from deploy.model_card import teacher_card
 from deploy.onnx_export import OnnxScorer, find_bundle, parity, write_bundle
 from models.config import DEMO_SIZES, DEMO_STUDENT_SIZES, DEMO_TEACHER_SIZES, ModelSizes
-from pipelines import settings
-from pipelines.partitions import daily_partitions, run_partition_days
-from pipelines.resources import GenrankPaths, MlflowResource
+from contracts import settings
+from assets.partitions import daily_partitions, run_partition_days
+from assets.resources import GenrankPaths, MlflowResource
 from transforms import sequences
 from transforms.atomic import staged_dir
 

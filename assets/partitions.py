@@ -16,7 +16,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipelines import settings
+from contracts import settings
 from transforms import landing
 
 
