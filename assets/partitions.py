@@ -44,8 +44,8 @@ def pin_start_date(home: Path) -> str:
     """Set GENRANK_START_DATE to ``first_partition_day(home)`` in this process's environment, so that every
     process it starts (dagster's code server, daemon and run workers, the run it executes) loads the same
     partition set, whatever lands later. Every `genrank` command that loads the code location calls this."""
-    os.environ["GENRANK_START_DATE"] = first_partition_day(home)
-    return os.environ["GENRANK_START_DATE"]
+    day = os.environ["GENRANK_START_DATE"] = first_partition_day(home)
+    return day
 
 
 def check_days_in_partitions(days: list[str], partitions: dg.DailyPartitionsDefinition | None = None) -> None:

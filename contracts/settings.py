@@ -35,7 +35,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_TORCH_THREADS": ("1", "torch intra-op threads for training and evaluation (more thrash on shared cores)"),
     "GENRANK_LATENCY_BUDGET_MS": ("50", "promotion gate: p99 scoring time of one request (CADET: p99 < 50 ms)"),
     "GENRANK_SENSOR_INTERVAL_S": ("30", "seconds between two evaluations of the landing sensor (it starts at most one daily run per evaluation)"),
-    # read by models.kernels itself (the library's dispatch), not by the pipeline
+    # read by models.kernels' dispatch (attn_backend, triton_blocks below), not by the pipeline
     "GENRANK_ATTN_BACKEND": ("auto", "interval-attention kernel: `auto` (Triton on CUDA, else the torch reference), `reference`, `prefix` or `triton`"),
     "GENRANK_TRITON_BLOCKS": ("(empty: 64,64,4)", "Triton kernel blocks `BM,BN,WARPS` on CUDA (benchmarking only)"),
     "MLFLOW_TRACKING_URI": ("sqlite:///$GENRANK_HOME/mlflow.db", "MLflow tracking and registry store"),
@@ -123,6 +123,38 @@ def serve_prediction_log_max_bytes() -> int:
 def prometheus_multiproc_dir() -> str:
     """PROMETHEUS_MULTIPROC_DIR: empty unless set (then `genrank serve` uses it instead of a temporary directory)."""
     return env("PROMETHEUS_MULTIPROC_DIR", "")
+
+
+def attn_backend() -> str:
+    """GENRANK_ATTN_BACKEND: the interval-attention kernel `auto` resolves to (models.kernels)."""
+    return env("GENRANK_ATTN_BACKEND", VARIABLES["GENRANK_ATTN_BACKEND"][0])
+
+
+def triton_blocks() -> tuple[int, int, int] | None:
+    """GENRANK_TRITON_BLOCKS as (BM, BN, WARPS), None when unset."""
+    value = env("GENRANK_TRITON_BLOCKS", "")
+    return tuple(int(x) for x in value.split(",")) if value else None
+
+
+# Variables of other tools' protocols, read here too so that nothing else reads the environment.
+def triton_interpret() -> bool:
+    """TRITON_INTERPRET=1: Triton runs kernels in its CPU interpreter (the kernels pick tiny blocks then)."""
+    return env("TRITON_INTERPRET", "0") == "1"
+
+
+def torchrun_world() -> tuple[int, int]:
+    """(WORLD_SIZE, LOCAL_RANK) as torchrun sets them; (1, 0) in a plain process."""
+    return int(env("WORLD_SIZE", "1")), int(env("LOCAL_RANK", "0"))
+
+
+def java_home() -> str:
+    """JAVA_HOME, empty when unset (Spark then takes the java on PATH)."""
+    return env("JAVA_HOME", "")
+
+
+def dagster_home() -> str:
+    """DAGSTER_HOME, empty when unset (the runner then uses $GENRANK_HOME/dagster_home)."""
+    return env("DAGSTER_HOME", "")
 
 
 def ci() -> bool:

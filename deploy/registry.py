@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from contracts import settings
 from deploy.onnx_export import ONNX_FILE, ONNX_SHA256_TAG
 
 TEACHER = "genrank-teacher"
@@ -81,10 +82,10 @@ class Registry:
         os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
         # mlflow.set_tracking_uri also writes MLFLOW_TRACKING_URI into the environment, which would make
         # every later default_registry() of this process open *this* store: keep the user's setting.
-        user_setting = os.environ.get("MLFLOW_TRACKING_URI")
+        user_setting = settings.env("MLFLOW_TRACKING_URI", "")
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)
-        if user_setting is None:
+        if not user_setting:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:
             os.environ["MLFLOW_TRACKING_URI"] = user_setting
@@ -239,5 +240,5 @@ class Registry:
 
 
 def default_registry(home: Path, tracking_uri: str | None = None) -> Registry:
-    return Registry(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(home) / 'mlflow.db'}",
+    return Registry(tracking_uri or settings.tracking_uri(home),
                     Path(home) / "mlartifacts")

@@ -127,7 +127,7 @@ class Stack:
         return self._requested_start_date() or next(iter(landing.complete_days(self.home)), settings.start_date())
 
     def _requested_start_date(self) -> str | None:
-        return self.env.get("GENRANK_START_DATE") or os.environ.get("GENRANK_START_DATE") or None
+        return self.env.get("GENRANK_START_DATE") or settings.requested_start_date()
 
     def _pin_start_date(self, dagster_running: bool) -> None:
         requested = self._requested_start_date()

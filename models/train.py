@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from contracts import settings
 from transforms.atomic import staged_file
 
 from .config import StudentConfig, TeacherConfig, TrainConfig, from_dict, to_dict
@@ -93,7 +94,7 @@ def load_model(path: str, map_location="cpu") -> nn.Module:
 def _dist_setup(device: torch.device) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if settings.torchrun_world()[0] > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -103,7 +104,7 @@ def _device(train: TrainConfig) -> torch.device:
     if train.device:
         return torch.device(train.device)
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", settings.torchrun_world()[1])
     return torch.device("cpu")
 
 

@@ -76,7 +76,7 @@ def prepare_instance(home: Path):
     """The persistent Dagster instance under GENRANK_HOME (unless DAGSTER_HOME is set)."""
     import dagster as dg
 
-    if not os.environ.get("DAGSTER_HOME"):
+    if not settings.dagster_home():
         os.environ["DAGSTER_HOME"] = str(local_dagster_home(home))
     return dg.DagsterInstance.get()
 
@@ -190,7 +190,7 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
             console.print(f"Report: {write_run_report(home / 'reports', stamp, results, champion, settings.tracking_uri(home))}")
         except Exception as exc:  # an unwritable folder, an unreachable tracking server: the run itself is done
             console.print(f"warning: no run report ({type(exc).__name__}: {exc})")
-        console.print(f"Dagster: DAGSTER_HOME={os.environ['DAGSTER_HOME']} .venv/bin/genrank ui  (http://localhost:3000)")
+        console.print(f"Dagster: DAGSTER_HOME={settings.dagster_home()} .venv/bin/genrank ui  (http://localhost:3000)")
         console.print(f"MLflow:  mlflow ui --backend-store-uri sqlite:///{home / 'mlflow.db'}  (http://localhost:5000)")
     return summary
 
@@ -204,7 +204,7 @@ def _current_step_reader(run_id: str):
 
     def current() -> str | None:
         if "instance" not in reader:
-            reader["instance"] = dg.DagsterInstance.from_config(os.environ["DAGSTER_HOME"])
+            reader["instance"] = dg.DagsterInstance.from_config(settings.dagster_home())
         records = reader["instance"].get_records_for_run(
             run_id, of_type=dg.DagsterEventType.STEP_START, ascending=False, limit=1).records
         return records[0].event_log_entry.step_key if records else None

@@ -68,3 +68,23 @@ def test_the_readme_map_and_the_installed_packages_are_the_checked_ones():
     pyproject = (REPO / "pyproject.toml").read_text()
     include = pyproject.split("[tool.setuptools.packages.find]", 1)[1].split("include = [", 1)[1].split("]", 1)[0]
     assert {name.strip().strip('"').rstrip("*") for name in include.split(",")} == set(GENRANK)
+
+
+def _environment_reads(path: Path) -> list[int]:
+    """Lines of ``path`` that read the environment: os.getenv, os.environ.get, os.environ[...] read (not written)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        if call and ast.unparse(node.func) in ("os.getenv", "os.environ.get"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ" and isinstance(node.ctx, ast.Load):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_contracts_settings_is_the_one_reader_of_the_environment():
+    """Every variable is read through contracts.settings (one idiom: empty is unset), so that the README's table
+    and tests/test_settings.py see them all; setting one for the processes a command starts is not a read."""
+    reads = [f"{path.relative_to(REPO)}:{line}" for package in GENRANK for path in sorted((REPO / package).rglob("*.py"))
+             if path != REPO / "contracts" / "settings.py" for line in _environment_reads(path)]
+    assert reads == []

@@ -10,11 +10,9 @@ debugging); the Triton module is imported lazily so CPU code never needs it.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from contracts import ATTENTION_BACKENDS
+from contracts import ATTENTION_BACKENDS, settings
 
 from .reference import (dense_mask, interval_attention_reference, naive_interval_attention,
                         prefix_interval_attention, sdpa_interval_attention)
@@ -43,7 +41,7 @@ def triton_available() -> bool:
 
 def resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
-        backend = os.environ.get("GENRANK_ATTN_BACKEND", "auto")
+        backend = settings.attn_backend()
     if backend == "auto":
         return "triton" if device.type == "cuda" and triton_available() else "reference"
     if backend not in ATTENTION_BACKENDS:

@@ -20,13 +20,14 @@ TRITON_INTERPRET is set (triton decides at decoration time).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from contracts import settings
+
+INTERPRET = settings.triton_interpret()
 
 
 @triton.jit
@@ -159,11 +160,7 @@ def pinned_config(device: torch.device) -> tuple[int, int, int]:
     On CUDA, GENRANK_TRITON_BLOCKS="BM,BN,WARPS" overrides it (benchmarking only)."""
     if INTERPRET or device.type != "cuda":
         return 16, 16, 1
-    env = os.environ.get("GENRANK_TRITON_BLOCKS")
-    if env:
-        bm, bn, w = (int(x) for x in env.split(","))
-        return bm, bn, w
-    return 64, 64, 4
+    return settings.triton_blocks() or (64, 64, 4)
 
 
 def _pad_d(x: torch.Tensor, D: int) -> torch.Tensor:

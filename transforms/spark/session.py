@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from contracts import settings
+
 JAVA_INSTALL_HINT = (
     "PySpark needs a Java runtime (17 recommended) and none was found "
     "(no `java` on PATH and JAVA_HOME is unset or has no bin/java). Install one, e.g. on Debian/Ubuntu:\n"
@@ -47,7 +49,7 @@ class JavaNotFoundError(RuntimeError):
 
 def find_java() -> str | None:
     """Path of the java executable Spark will use (JAVA_HOME first, then PATH), or None."""
-    java_home = os.environ.get("JAVA_HOME")
+    java_home = settings.java_home()
     if java_home:
         candidate = Path(java_home) / "bin" / "java"
         if candidate.exists() and os.access(candidate, os.X_OK):
