@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from models import (BackboneConfig, FeatureConfig, StudentConfig, TeacherConfig, TrainConfig, evaluate, predict,  # noqa: E402
                     train_student, train_teacher)
 from models.data import list_sample_files  # noqa: E402
-from models.synthetic import write_training_samples  # noqa: E402
+from testkit.synthetic_samples import write_training_samples  # noqa: E402
 
 
 def main():

@@ -27,7 +27,7 @@ from models.config import BackboneConfig, FeatureConfig, StudentConfig, TeacherC
 from models.data import collate, iter_samples, student_tokens, teacher_tokens  # noqa: E402
 from models.metrics import effective_lengths  # noqa: E402
 from models.student import Student  # noqa: E402
-from models.synthetic import write_training_samples  # noqa: E402
+from testkit.synthetic_samples import write_training_samples  # noqa: E402
 from models.teacher import Teacher  # noqa: E402
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 import numpy as np  # noqa: E402
 
 from deploy.event_codec import ID_COLUMNS, EventArrays  # noqa: E402
-from deploy.local_redis import local_redis  # noqa: E402
+from testkit.local_redis import local_redis  # noqa: E402
 from deploy.sequence_store import LmdbStore, OnlineStore, RedisStore  # noqa: E402
 from models.config import FeatureConfig  # noqa: E402
 from models.data import stable_hash  # noqa: E402

@@ -42,7 +42,7 @@ masks      (lo, hi) bounds of the single interval contract: causal, delay, candi
 kernels/   interval attention: torch reference (the spec) + Triton fwd/bwd, one dispatch function
 layers     embeddings, time RoPE, gated pre-norm blocks with QK-norm, bucket heads, aux heads
 backbone   what the teacher and the student share (embeddings, blocks, RoPE, heads)
-teacher    CADET-style decoder; student: LPTM + dual heads; train: loop + API; metrics; synthetic
+teacher    CADET-style decoder; student: LPTM + dual heads; train: loop + API; metrics (a synthetic samples writer for tests: testkit/synthetic_samples.py)
 """
 from .config import (BackboneConfig, FeatureConfig, MaskConfig, RoPEConfig, StudentConfig, TeacherConfig,
                      TrainConfig, preset)

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from contracts import TRAINING_SAMPLES
-from models.synthetic import write_training_samples
+from testkit.synthetic_samples import write_training_samples
 from assets.sequences import dbt_resource, sequence_models, training_samples_checks
 from quality.training_samples import validate_training_samples
 from assets.resources import GenrankPaths
@@ -92,7 +92,7 @@ def test_sequences_are_strictly_ordered_and_continue_across_days(full_home):
 
 
 def test_a_built_training_samples_partition_is_the_contracts_schema(full_home, tmp_path):
-    """The dbt model and contracts.TRAINING_SAMPLES (which the models read and models.synthetic writes) agree."""
+    """The dbt model and contracts.TRAINING_SAMPLES (which the models read and testkit.synthetic_samples writes) agree."""
     home = full_home[0]
     contract = [(name, pa.type_for_alias(kind)) for name, kind in TRAINING_SAMPLES.items()]
     for day in DAYS:

@@ -1,9 +1,9 @@
-"""A real redis-server for the online store's Redis backend, once per session (deploy/local_redis.py:
+"""A real redis-server for the online store's Redis backend, once per session (testkit/local_redis.py:
 installed if missing, loopback, a free port, stopped by its PID even on failure)."""
 
 import pytest
 
-from deploy.local_redis import local_redis
+from testkit.local_redis import local_redis
 
 
 @pytest.fixture(scope="session")

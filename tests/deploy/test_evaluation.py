@@ -14,7 +14,7 @@ from deploy import registry as reg
 from deploy.gates import GateConfig, GateResult
 from models import preset
 from models.student import Student
-from models.synthetic import write_training_samples
+from testkit.synthetic_samples import write_training_samples
 
 PASSED = GateResult("auc", True, 0.7, 0.69, "challenger AUC 0.7000 >= champion v1 AUC 0.6920 - 0.002: yes")
 FAILED = GateResult("latency", False, 80.0, 50.0, "p99 request scoring (onnxruntime) 80.0 ms not <= budget 50.0 ms")

@@ -13,7 +13,7 @@ for p in (ROOT, HERE):  # the suite runs with --import-mode=importlib: make mode
 # 2 shared cores: intra-op thread pools thrash under load (700 ms vs 14 ms per tiny step)
 torch.set_num_threads(1)
 
-from models.synthetic import write_training_samples  # noqa: E402
+from testkit.synthetic_samples import write_training_samples  # noqa: E402
 
 
 @pytest.fixture(scope="session")

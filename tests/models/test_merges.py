@@ -113,7 +113,7 @@ def test_student_lengths_and_switches(samples_dir):
 
 def test_a_user_day_with_too_many_targets_is_split_so_every_target_is_scored(tmp_path):
     from models.data import split_by_targets
-    from models.synthetic import write_training_samples
+    from testkit.synthetic_samples import write_training_samples
     from mt_util import tiny_teacher
 
     paths = write_training_samples(str(tmp_path), n_users=3, max_requests=12, candidates=(8, 10), seed=4)

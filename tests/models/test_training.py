@@ -201,7 +201,7 @@ def test_a_half_clicked_world_trains_calibrated_on_the_next_day(tmp_path):
     """Any base rate: on a world where about half the impressions are clicked, the per-bucket predicted /
     observed CTR on the day after training stays near 1 (the prior and the calibration come from the data)."""
     from models.metrics import summarize_predictions
-    from models.synthetic import write_training_samples
+    from testkit.synthetic_samples import write_training_samples
 
     write_training_samples(str(tmp_path), n_days=3, n_users=120, noise=0.1, seed=11)
     days = list_sample_files(str(tmp_path))

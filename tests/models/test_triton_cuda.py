@@ -55,7 +55,7 @@ def test_triton_cuda_vs_reference(D):
 def test_model_trains_on_cuda_with_triton_and_bf16(tmp_path):
     from mt_util import tiny_student
     from models.config import TrainConfig
-    from models.synthetic import write_training_samples
+    from testkit.synthetic_samples import write_training_samples
     from models.train import predict, train_student
     root = str(tmp_path / "ts")
     write_training_samples(root, n_users=24, hist_len=(50, 200), seed=3)
