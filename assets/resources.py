@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import PrivateAttr
 
-from contracts import settings
+from contracts import layout, settings
 
 
 class GenrankPaths(dg.ConfigurableResource):
@@ -21,23 +21,22 @@ class GenrankPaths(dg.ConfigurableResource):
 
     @property
     def landing(self) -> Path:
-        return self.root / "landing"
+        return layout.landing(self.root)
 
     @property
     def lake(self) -> Path:
-        return self.root / "lake"
+        return layout.lake(self.root)
 
     @property
     def warehouse(self) -> Path:
         return self.root / "warehouse.duckdb"
 
     def lake_partition(self, dataset: str, day: str) -> Path:
-        return self.lake / dataset / f"date={day}"
+        return layout.partition(self.root, dataset, day)
 
     def lake_days(self, dataset: str) -> list[str]:
         """The days that have a partition of ``dataset`` in the lake, oldest first."""
-        root = self.lake / dataset
-        return sorted(p.name.removeprefix("date=") for p in root.glob("date=*")) if root.is_dir() else []
+        return layout.days_in(layout.dataset(self.root, dataset))
 
 
 class SparkResource(dg.ConfigurableResource):

@@ -1,7 +1,8 @@
 """The shapes every genrank package agrees on, in one place and with no dependency at all (not even numpy),
 so that the landing parser, the Spark job, the dbt models' readers, the models package, the service and the
 tests import the same names instead of writing them out again. The layer below every package
-(tests/test_layering.py): it imports nothing of genrank.
+(tests/test_layering.py): it imports nothing of genrank. Beside this module: `layout` (where the landing zone
+and each lake dataset keep a day) and `settings` (every configuration variable, the one reader of the environment).
 
 A change here is a change of contract: the lake written before it no longer matches, and the dbt model
 (transforms/dbt/models/marts/training_samples.sql) must change with it (tests/test_sequences.py compares

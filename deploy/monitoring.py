@@ -58,6 +58,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from contracts import layout
 from deploy.gates import GateConfig
 from deploy.onnx_export import PARITY_TOLERANCE
 from deploy.prediction_log import day_of
@@ -69,7 +70,7 @@ DRIFT_P = 0.01                      # a PSI over a threshold counts only when th
 PERMUTATIONS = 199                  # p >= 1/200: enough to reject at DRIFT_P
 PSEUDO_COUNT = 0.5                  # per bin: a bin empty on one side gives a large, finite PSI
 QUANTILE_BINS = 10                  # numeric features: the window's deciles
-QUARANTINE = "prediction_log_quarantine"
+QUARANTINE = layout.PREDICTION_LOG_QUARANTINE
 PASS, WARN, ERROR = "pass", "warn", "error"
 RECORD_TYPES = {"request_id": str, "ts_ms": int, "history_source": str, "history_events": int,
                 "candidates": dict, "model_version": str, "scores": list}
@@ -112,7 +113,7 @@ def record_problem(record, day: str) -> str | None:
 
 def parse_log(directory: Path | None, day: str) -> tuple[LogDay, list[dict]]:
     """D's records, and the lines that cannot be used (file, line number, reason, text)."""
-    files = sorted((Path(directory) / f"date={day}").glob("predictions-*.jsonl")) if directory else []
+    files = sorted(layout.day_dir(directory, day).glob("predictions-*.jsonl")) if directory else []
     out, bad = LogDay([]), []
     for path in files:
         for number, line in enumerate(path.read_bytes().splitlines(), 1):
@@ -136,7 +137,7 @@ def parse_log(directory: Path | None, day: str) -> tuple[LogDay, list[dict]]:
 def read_log(directory: Path | None, day: str, quarantine_root: Path) -> LogDay:
     """D's records; the lines that cannot be used go to ``quarantine_root/date=D`` (replaced on a rerun)."""
     out, bad = parse_log(directory, day)
-    target = Path(quarantine_root) / f"date={day}"
+    target = layout.day_dir(quarantine_root, day)
     if bad or target.exists():
         with staged_dir(target) as staging:
             (staging / "quarantined.jsonl").write_bytes(b"".join(orjson.dumps(b) + b"\n" for b in bad))
@@ -198,9 +199,9 @@ def lake_requests(home: Path, registry, model_name: str, version: str, records: 
     bundle = find_bundle(folder)
     cfg = bundle.student_config()
     key = cfg.features.hash_key
-    lake = home / "lake"
+    lake = layout.lake(home)
     days = sorted({r["store_as_of"] for r in records})
-    available = sorted(p.name.removeprefix("date=") for p in (lake / "user_sequences").glob("date=*"))
+    available = layout.days_in(layout.dataset(home, layout.USER_SEQUENCES))
     wanted = {str(r["user_id"]) for r in records}
     histories: dict[str, dict] = {}
     for as_of in days:  # each store day's state: the logged users' events of every partition up to it
@@ -453,7 +454,7 @@ def monitor_day(home: Path, day: str, landed: set[str], log_dir: Path | None, re
     """The three checks of day D (``landed``: the complete landing days). ``registry_factory()`` is called only
     when D was served."""
     home = Path(home)
-    log = read_log(log_dir, day, home / "lake" / QUARANTINE)
+    log = read_log(log_dir, day, layout.dataset(home, QUARANTINE))
     served = served_candidates(log.records)
     versions = sorted(served["model_version"].unique()) if log.served else []
     registry = registry_factory() if log.records else None
@@ -465,4 +466,4 @@ def monitor_day(home: Path, day: str, landed: set[str], log_dir: Path | None, re
     drift += log_drift(served, served_candidates(logged_window))
     return MonitorReport(
         day, log, window, skew(home, registry, model_name, log.records, max_skew_requests), drift,
-        live_calibration(served, home / "lake" / "training_samples" / f"date={day}"), versions)
+        live_calibration(served, layout.partition(home, layout.TRAINING_SAMPLES, day)), versions)

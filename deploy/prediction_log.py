@@ -48,6 +48,8 @@ from typing import Callable
 
 import orjson
 
+from contracts import layout
+
 log = logging.getLogger("genrank.serve.prediction_log")
 
 QUEUE_FULL, WRITE_ERROR = "queue_full", "write_error"
@@ -170,7 +172,7 @@ class PredictionLog:
             f.close()
             f = None
         if f is None:
-            folder = self.directory / f"date={day}"
+            folder = layout.day_dir(self.directory, day)
             folder.mkdir(parents=True, exist_ok=True)
             self._seq += 1
             f = _OpenFile(folder / f"{self._name}-{self._seq:05d}.jsonl")
@@ -217,5 +219,5 @@ def prune(directory: Path, total_bytes: int) -> list[Path]:
 def read_day(directory: Path, day: str) -> list[dict]:
     """Every record of one day, in no particular order across workers (tests and tools; the monitor
     that quarantines cut lines reads the files itself)."""
-    return [orjson.loads(line) for path in sorted((Path(directory) / f"date={day}").glob("predictions-*.jsonl"))
+    return [orjson.loads(line) for path in sorted(layout.day_dir(directory, day).glob("predictions-*.jsonl"))
             for line in path.read_bytes().splitlines() if line.strip()]

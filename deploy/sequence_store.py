@@ -33,6 +33,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pyarrow.dataset as ds
 
+from contracts import layout
 from deploy.event_codec import EventArrays, concat, encode, from_bytes, to_bytes
 
 FORMAT_VERSION = 1
@@ -323,7 +324,7 @@ def _lake_users(files: list[str], hash_key: str) -> Iterator[tuple[str, EventArr
 
 
 def partition_files(lake: Path, days: list[str]) -> list[str]:
-    return [str(f) for d in days for f in sorted((Path(lake) / "user_sequences" / f"date={d}").glob("*.parquet"))]
+    return [str(f) for d in days for f in sorted(layout.day_dir(Path(lake) / layout.USER_SEQUENCES, d).glob("*.parquet"))]
 
 
 def update_day(store: OnlineStore, lake: Path, day: str, max_events: int, hash_key: str) -> PublishReport:
@@ -336,11 +337,10 @@ def update_day(store: OnlineStore, lake: Path, day: str, max_events: int, hash_k
         incremental = (meta.as_of == previous and meta.max_events == max_events and meta.hash_key == hash_key)
     except StoreUnavailable:
         incremental = False
-    root = Path(lake) / "user_sequences"
-    if not (root / f"date={day}").is_dir():
+    root = Path(lake) / layout.USER_SEQUENCES
+    if not layout.day_dir(root, day).is_dir():
         raise ValueError(f"no user_sequences partition for {day} under {root}: build the sequences first")
-    days = [day] if incremental else sorted(p.name.removeprefix("date=") for p in root.glob("date=*")
-                                             if p.name.removeprefix("date=") <= day)
+    days = [day] if incremental else [d for d in layout.days_in(root) if d <= day]
     files = partition_files(lake, days)
     counted = {"events": 0}
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from contracts import settings
+from contracts import layout, settings
 
 
 def world_config(preset: str, strengths: str | None = None, users: int | None = None, days: int | None = None,
@@ -98,7 +98,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     home = Path(args.home).resolve()
     # MLflow and alembic log at INFO when they open a new registry: to logs/status.log, as `genrank run` does
     # (a folder without a landing zone gets its one line and no logs folder)
-    with RunConsole(home, log_name="status.log") if (home / "landing").is_dir() else contextlib.nullcontext():
+    with RunConsole(home, log_name="status.log") if layout.landing(home).is_dir() else contextlib.nullcontext():
         report, code = status(home)
     print(report)
     return code

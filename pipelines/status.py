@@ -10,7 +10,7 @@ import datetime as dt
 from pathlib import Path
 
 from assets import partitions
-from contracts import settings
+from contracts import layout, settings
 from pipelines import operating
 from pipelines.runner import local_dagster_home
 from transforms import landing_watch
@@ -21,7 +21,7 @@ STATE_LABELS = {"done": "processed", "running": "running", "blocked": "BLOCKED",
 
 def status(home: Path) -> tuple[str, int]:
     """The report and the exit code."""
-    if not (home / "landing").is_dir():
+    if not layout.landing(home).is_dir():
         return (f"no landing zone at {home / 'landing'}: land days first (`genrank simulate`, `genrank import`, "
                 "or an ad server writing landing/date=YYYY-MM-DD/)"), 2
     import dagster as dg

@@ -38,6 +38,8 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 import dagster as dg  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from contracts import layout  # noqa: E402
+
 SAMPLE_ROWS = 5
 
 
@@ -273,7 +275,7 @@ def partition_schema(path: str | os.PathLike) -> dict[str, str]:
 def existing_partitions(base: str | os.PathLike, days: Iterable[str]) -> list[tuple[str, Path]]:
     out = []
     for d in days:
-        p = Path(base) / f"date={d}"
+        p = layout.day_dir(base, d)
         if p.is_dir() and any(p.glob("*.parquet")):
             out.append((d, p))
     return out

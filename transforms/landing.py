@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from contracts import layout
 from transforms.atomic import staged_dir, staged_file
 
 FILE_KINDS = ("impressions", "clicks", "behaviors")
@@ -74,7 +75,7 @@ class LandingError(ValueError):
 
 
 def day_dir(root: str | os.PathLike, day: dt.date | str) -> Path:
-    return Path(root) / "landing" / f"date={_iso(day)}"
+    return layout.day_dir(layout.landing(root), _iso(day))
 
 
 def day_start_ms(day: dt.date | str) -> int:
@@ -133,10 +134,10 @@ def land_days(src_root: str | os.PathLike, dst_root: str | os.PathLike, days: It
     """Copies complete days (and ``more``: (root, day) pairs) from one landing zone into another at once, as an
     upstream delivering a backlog would: each is staged beside the landing zone first, then all are renamed
     into place back to back, so no sensor tick sees part of the set."""
-    (Path(dst_root) / "landing").mkdir(parents=True, exist_ok=True)
+    layout.landing(dst_root).mkdir(parents=True, exist_ok=True)
     staged = []
     for src, day in [(src_root, d) for d in days] + list(more):
-        staging = Path(dst_root) / "landing" / f".staging-{day}"
+        staging = layout.landing(dst_root) / f".staging-{day}"
         shutil.copytree(day_dir(src, day), staging)
         staged.append((staging, day))
     for staging, day in staged:
@@ -165,14 +166,7 @@ def next_day_decision(day: str, next_complete: bool, now: dt.datetime, grace_hou
 
 def complete_days(root: str | os.PathLike) -> list[str]:
     """ISO dates of landing days carrying a ``_SUCCESS`` marker, sorted."""
-    base = Path(root) / "landing"
-    if not base.is_dir():
-        return []
-    days = []
-    for p in base.iterdir():
-        if p.is_dir() and p.name.startswith("date=") and is_complete(root, p.name.removeprefix("date=")):
-            days.append(p.name.removeprefix("date="))
-    return sorted(days)
+    return [day for day in layout.days_in(layout.landing(root)) if day_dir(root, day).is_dir() and is_complete(root, day)]
 
 
 def open_day(root: str | os.PathLike, day: dt.date | str, verify: bool = True) -> LandingDay:
@@ -247,7 +241,7 @@ def dumps(record: dict) -> str:
 
 
 def quarantine_ledger_path(root: str | os.PathLike) -> Path:
-    return Path(root) / "lake" / "quarantine_files" / "ledger.jsonl"
+    return layout.dataset(root, layout.QUARANTINE_FILES) / "ledger.jsonl"
 
 
 def quarantined_files(root: str | os.PathLike, day: dt.date | str) -> list[dict]:
@@ -268,20 +262,20 @@ def quarantine_file(root: str | os.PathLike, file: str | os.PathLike, reason: st
     """
     root = Path(root).resolve()
     src = Path(file).resolve()
-    landing_dir = root / "landing"
-    if src.parent.parent != landing_dir or not src.parent.name.startswith("date="):
+    landing_dir = layout.landing(root)
+    if src.parent.parent != landing_dir or not src.parent.name.startswith(layout.PARTITION_PREFIX):
         raise LandingError(f"{src}: not a file of a landing day under {landing_dir}")
     if not src.is_file():
         raise LandingError(f"{src}: no such landing file")
     if not reason.strip():
         raise LandingError("a reason is required (it goes into the ledger and the day's accounting)")
-    day = src.parent.name.removeprefix("date=")
+    day = src.parent.name.removeprefix(layout.PARTITION_PREFIX)
     kind = next((k for k in FILE_KINDS if src.name.startswith(f"{k}-")), None)
     if kind is None:
         raise LandingError(f"{src}: not a landing file ({', '.join(f'{k}-*.jsonl.gz' for k in FILE_KINDS)})")
     marker = src.parent / SUCCESS_MARKER
     declared = json.loads(marker.read_text() or "{}").get("files", {}) if marker.exists() else {}
-    dest = quarantine_ledger_path(root).parent / f"date={day}" / src.name
+    dest = layout.partition(root, layout.QUARANTINE_FILES, day) / src.name
     if dest.exists():
         dest = dest.with_name(f"{src.name}.{uuid.uuid4().hex[:8]}")
     entry = {"day": day, "file": src.name, "kind": kind, "reason": reason.strip(),

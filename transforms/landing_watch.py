@@ -14,8 +14,8 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
+from contracts import layout
 from transforms.landing import SUCCESS_MARKER, day_dir, shift_day
 
 
@@ -31,15 +31,15 @@ def scan(root: str | os.PathLike) -> LandingScan:
     Skipped: a directory that is not ``date=YYYY-MM-DD``, a day without ``_SUCCESS`` (still being
     written, or written without the marker), a ``_SUCCESS`` that is not a JSON object with ``files``.
     """
-    base = Path(root) / "landing"
+    base = layout.landing(root)
     if not base.is_dir():
         return LandingScan([], [])
     complete, problems = [], []
     for entry in sorted(base.iterdir()):
         if entry.name.startswith("."):   # a writer's staging directory (transforms/atomic.staged_dir)
             continue
-        day = entry.name.removeprefix("date=")
-        if not entry.is_dir() or not entry.name.startswith("date=") or not _is_iso_date(day):
+        day = entry.name.removeprefix(layout.PARTITION_PREFIX)
+        if not entry.is_dir() or not entry.name.startswith(layout.PARTITION_PREFIX) or not _is_iso_date(day):
             problems.append(f"{entry}: not a landing day (expected a directory date=YYYY-MM-DD); skipped")
             continue
         marker = entry / SUCCESS_MARKER

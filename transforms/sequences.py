@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from contracts import EVENT_COLUMNS, NOT_STAGED
+from contracts import EVENT_COLUMNS, NOT_STAGED, layout
 from transforms.atomic import staged_dir
 
 DBT_PROJECT_DIR = Path(__file__).resolve().parent / "dbt"
@@ -63,7 +63,7 @@ def check_event_partitions(home: Path, start: str, end: str) -> dict[str, int]:
     """Rows per day of the window; raise SequenceInputError for a missing or reshaped partition."""
     rows = {}
     for day in _days(start, end):
-        part = Path(home) / "lake" / "events" / f"date={day}"
+        part = layout.partition(home, layout.EVENTS, day)
         files = sorted(part.glob("*.parquet")) if part.is_dir() else []
         if not files:
             raise SequenceInputError(
@@ -118,7 +118,7 @@ def recorded_empty_day(home: Path, day: str) -> bool:
     """Day D's events partition exists and holds no row: a day the source declared empty (the events
     asset's blocking ``events_not_empty`` lets no other empty partition through). It appends nothing,
     so state(D) = state(D-1) and the next day builds on the day before it."""
-    files = sorted((Path(home) / "lake" / "events" / f"date={day}").glob("*.parquet"))
+    files = sorted(layout.partition(home, layout.EVENTS, day).glob("*.parquet"))
     return bool(files) and sum(pq.ParquetFile(f).metadata.num_rows for f in files) == 0
 
 
@@ -168,9 +168,9 @@ def export_day(home: Path, day: str) -> DayExport:
     home = Path(home)
     with duckdb.connect(str(home / "warehouse.duckdb"), read_only=True) as con:
         _atomic_copy(con, f"select * exclude (sample_date) from training_samples where sample_date = '{day}' "
-                          "order by user_id, event_rank", home / "lake" / "training_samples" / f"date={day}")
+                          "order by user_id, event_rank", layout.partition(home, layout.TRAINING_SAMPLES, day))
         _atomic_copy(con, f"select * from user_sequences where added_date = '{day}' order by user_id, seq_index",
-                     home / "lake" / "user_sequences" / f"date={day}")
+                     layout.partition(home, layout.USER_SEQUENCES, day))
         stats = con.execute(f"""
             with per_sample as (
                 select user_id,
@@ -187,7 +187,7 @@ def export_day(home: Path, day: str) -> DayExport:
     samples, rows, targets, clicks, mean, p50, p90, mx = stats
     return DayExport(day, int(samples), int(rows), int(targets), float(clicks) / max(int(targets), 1),
                      float(mean), float(p50), float(p90), int(mx), int(appended),
-                     str(home / "lake" / "training_samples" / f"date={day}"))
+                     str(layout.partition(home, layout.TRAINING_SAMPLES, day)))
 
 
 def position_bucket_table(home: Path, day: str) -> list[dict]:

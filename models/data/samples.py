@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contracts import ACTIONS, CLICK_TYPES, TRAINING_SAMPLES
+from contracts import ACTIONS, CLICK_TYPES, TRAINING_SAMPLES, layout
 
 from ..config import FeatureConfig
 
@@ -267,7 +267,7 @@ def time_holdout(paths, fraction: float, out_dir: str) -> tuple[list[str], list[
     val = val[val.groupby("user_id")["is_target"].transform("any")]
     out = {}
     for name, part in (("train", df[~late]), ("val", val)):
-        folder = os.path.join(out_dir, name, f"date={newest}" if newest else "undated")
+        folder = str(layout.day_dir(os.path.join(out_dir, name), newest)) if newest else os.path.join(out_dir, name, "undated")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, "part-0.parquet")
         part.to_parquet(path, index=False)

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from transforms import landing
+from contracts import layout
 from transforms.atomic import staged_dir, staged_file
 from transforms.simulator import defects
 from transforms.simulator.users import simulate_user
@@ -197,7 +198,7 @@ def _write_oracle(out: Path, oracle_df: pd.DataFrame) -> None:
     oracle_df = oracle_df.assign(date=pd.to_datetime(oracle_df["ts_ms"], unit="ms", utc=True).dt.strftime("%Y-%m-%d"))
     with staged_dir(out / "simulator" / "oracle") as staging:
         for day, part in oracle_df.groupby("date", sort=True):
-            target = staging / f"date={day}"
+            target = layout.day_dir(staging, day)
             target.mkdir()
             part.drop(columns="date").to_parquet(target / "oracle.parquet", index=False)
 

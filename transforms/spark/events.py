@@ -105,7 +105,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 import contracts
-from contracts import ACTIONS, CLICK_TYPES, DAY_MS
+from contracts import ACTIONS, CLICK_TYPES, DAY_MS, layout
 from transforms import landing
 from transforms.atomic import staged_dir
 from transforms.landing import DEVICES, FILE_KINDS, INTEGER_KEYS, OPTIONAL_KEYS, REQUIRED_KEYS, SURFACE_SLOTS, SURFACES
@@ -607,7 +607,7 @@ def _clean_spark_files(path: Path) -> None:
 
 def write_partition(df: DataFrame, base: Path, day: str, sort_cols: Sequence[str] | None = None, files: int = 1) -> Path:
     """Write ``df`` as ``base/date=day`` atomically (temp dir + rename); returns the final path."""
-    final = base / f"date={day}"
+    final = layout.day_dir(base, day)
     with staged_dir(final) as tmp:
         out = df.repartition(files)
         if sort_cols:
@@ -669,12 +669,12 @@ def run_events_job(
     accounting = {kind: KindAccount() for kind in FILE_KINDS}
     files: dict[str, dict] = {}
     lines_read = clicked = 0
-    lake = home / "lake"
+    lake = layout.lake(home)
     if not any(current.files.values()):  # a source-declared empty day without files: nothing to read
         empty = spark.createDataFrame([], ", ".join(f"{c} {t}" for c, t in EVENT_COLUMNS.items()))
-        events_path = write_partition(empty, lake / "events", day)
+        events_path = write_partition(empty, lake / layout.EVENTS, day)
         quarantine_path = write_partition(
-            spark.createDataFrame([], ", ".join(f"{c} {t}" for c, t in QUARANTINE_COLUMNS.items())), lake / "quarantine", day)
+            spark.createDataFrame([], ", ".join(f"{c} {t}" for c, t in QUARANTINE_COLUMNS.items())), lake / layout.EVENTS_QUARANTINE, day)
     else:
         window_ms = int(round(attribution_window_min * 60_000))
         saved = {k: spark.conf.get(k, None) for k in JOB_CONF}
@@ -695,8 +695,8 @@ def run_events_job(
             lines_read, clicked = _account(counts, day, accounting, files)
             if verify_landing:
                 _check_declared_counts(current, files)
-            events_path = write_partition(build_events(resolved, day), lake / "events", day, EVENT_SORT, events_files)
-            quarantine_path = write_partition(build_quarantine(resolved, day), lake / "quarantine", day,
+            events_path = write_partition(build_events(resolved, day), lake / layout.EVENTS, day, EVENT_SORT, events_files)
+            quarantine_path = write_partition(build_quarantine(resolved, day), lake / layout.EVENTS_QUARANTINE, day,
                                               ("kind", "source_file", "line_no"), 1)
         finally:
             for frame in (clicks, decided):
@@ -781,7 +781,7 @@ def _check_declared_counts(current: landing.LandingDay, files: dict[str, dict]) 
     for kind in FILE_KINDS:
         for path in current.files[kind]:
             name = path.name
-            got = files.get(f"date={current.day}/{name}", {})
+            got = files.get(f"{layout.PARTITION_PREFIX}{current.day}/{name}", {})
             n = got.get("lines", 0) + got.get("blank_lines", 0)
             if name in current.declared and current.declared[name] != n:
                 raise landing.LandingError(f"{path}: {n} lines but {landing.SUCCESS_MARKER} declares {current.declared[name]}")
