@@ -79,6 +79,11 @@ class ModelSizeConfig(dg.Config):
         torch.set_num_threads(self.torch_threads if self.torch_threads is not None else settings.torch_threads())
         return train_config(self.sizes())
 
+    def recipe(self):
+        """(the model's configuration, its TrainConfig): what this run configuration trains. The defaults are what
+        `genrank run` trains and serves; benchmarks/quality_suite trains exactly this too (tests/test_recipe.py)."""
+        return self.architecture(), self.train_config()
+
 
 def _samples(paths: GenrankPaths, day: str) -> Path:
     path = paths.lake_partition("training_samples", day)
@@ -114,6 +119,12 @@ class TeacherTrainingConfig(ModelSizeConfig):
     every_days: int = 7
     min_days: int = 2
 
+    def architecture(self):
+        """The teacher these sizes describe (models.config.teacher_config)."""
+        from models.config import teacher_config
+
+        return teacher_config(self.sizes())
+
 
 def teacher_due(day: str, sample_days_before: list[str], current_window: str | None, every_days: int,
                 min_days: int) -> tuple[bool, str]:
@@ -139,7 +150,6 @@ def teacher_due(day: str, sample_days_before: list[str], current_window: str | N
 def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConfig, paths: GenrankPaths,
                   mlflow: MlflowResource) -> dg.MaterializeResult:
     from models import train_teacher
-    from models.config import teacher_config
 
     r = _registry(paths, mlflow)
     day = context.run.tags.get("dagster/partition")   # None when teacher_job runs it on demand
@@ -167,8 +177,8 @@ def teacher_model(context: dg.AssetExecutionContext, config: TeacherTrainingConf
     ckpt_dir = paths.root / "checkpoints" / f"teacher-{fingerprint}-{code}"
     # Every day of the window trains but the newest day's latest impressions (train_config's holdout), which
     # pick the pass and calibrate. Its out-of-time AUC is recorded per day by teacher_logits.
-    result = train_teacher([str(_samples(paths, d)) for d in days], teacher_config(config.sizes()),
-                           config.train_config(), ckpt_dir=str(ckpt_dir), resume=True)
+    result = train_teacher([str(_samples(paths, d)) for d in days], *config.recipe(), ckpt_dir=str(ckpt_dir),
+                           resume=True)
     seconds = time.perf_counter() - started
     r.ensure_registered(reg.TEACHER, "Full-token CADET-style teacher; its cached logits distil the student.")
     window = f"{days[0]}..{days[-1]}"
@@ -387,6 +397,12 @@ class StudentTrainingConfig(ModelSizeConfig):
     force: bool = False          # register a new version even if one exists for this day, data and code
     shuffle_labels: bool = False  # deliberately broken candidate (tests the gates); never in production
 
+    def architecture(self):
+        """The served student these sizes describe (models.config.student_config)."""
+        from models.config import student_config
+
+        return student_config(self.sizes())
+
 
 # The candidate of D warm-starts from the candidate of D-1: declared, so that a backfill launched from the
 # UI (one run per day) materialises the days in order instead of warm-starting from whatever exists.
@@ -400,7 +416,6 @@ PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 def student_candidate(context: dg.AssetExecutionContext, config: StudentTrainingConfig, paths: GenrankPaths,
                       mlflow: MlflowResource) -> dg.MaterializeResult:
     from models import calibrate_on_days, load_model
-    from models.config import student_config
     from models.distributed import train_student_procs
 
     day = context.partition_key
@@ -421,7 +436,7 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         return dg.MaterializeResult(metadata={"version": existing.version, "reused": True})
     previous = _newest_candidate_before(r, day)
     r.ensure_registered(reg.CTR, "The served CTR student (TM20K-style token merging, dual-head distillation).")
-    student_cfg = student_config(config.sizes())
+    student_cfg, recipe_train_cfg = config.recipe()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         init = load_model(str(r.checkpoint(reg.CTR, previous.version, tmp / "init"))) if previous is not None else None
@@ -435,7 +450,7 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
         started = time.perf_counter()
         ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
         epochs = config.warm_epochs if init is not None else config.epochs
-        train_cfg = dataclasses.replace(config.train_config(), epochs=epochs)
+        train_cfg = dataclasses.replace(recipe_train_cfg, epochs=epochs)
         result = train_student_procs(settings.train_procs(), str(train_samples),
                                      teacher_probs[["impression_id", "p"]] if gate.passed else None,
                                      student_cfg, train_cfg, init_from=init, ckpt_dir=str(ckpt_dir))

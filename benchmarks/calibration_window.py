@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.quality_suite.protocol import daily_chain, daily_student  # noqa: E402
-from benchmarks.quality_suite.variants import Sizes, model_configs  # noqa: E402
+from benchmarks.quality_suite.variants import Recipe  # noqa: E402
 from benchmarks.quality_suite.worlds import WORLDS, prepare_simulated  # noqa: E402
 
 
@@ -42,10 +42,10 @@ def main() -> None:
 
     torch.set_num_threads(1)
     world = prepare_simulated(Path(a.home) / a.world, a.world, WORLDS[a.world], None, 1)
-    sz = Sizes()
-    _, scfg = model_configs(sz)
+    recipe = Recipe.served()
+    holdout = recipe.student_train.holdout
     _, chain = daily_chain(world, a.seed)
-    model, _ = daily_student(world, scfg, sz, a.seed, None, chain)
+    model, _ = daily_student(world, recipe.student, recipe, a.seed, None, chain)
     # what each slice would pull the shift towards: the uncalibrated model's ratio on it, and on the next day
     served_head(model).calibration.zero_()
     print("| world | uncalibrated on | pred / obs bucket 0 | bucket 1 |\n|---|---|---|---|")
@@ -53,7 +53,7 @@ def main() -> None:
         for day in [d for d in world.train_days if d <= chain[-1]][-a.days:] + world.eval_days:
             paths = world.samples([day])
             if day not in world.eval_days:
-                paths = time_holdout(paths, sz.holdout, f"{tmp}/{day}")[1]
+                paths = time_holdout(paths, holdout, f"{tmp}/{day}")[1]
             p = predict(model, paths, with_labels=True)
             r = p.groupby("position_bucket")["p"].mean() / p.groupby("position_bucket")["label"].mean()
             what = "the next day" if day in world.eval_days else "held-out slice"
@@ -63,7 +63,7 @@ def main() -> None:
     for n in range(1, a.days + 1):
         days = [d for d in world.train_days if d <= chain[-1]][-n:]
         with tempfile.TemporaryDirectory() as tmp:
-            calibrate_on_days(model, world.samples(days), sz.holdout, tmp)
+            calibrate_on_days(model, world.samples(days), holdout, tmp)
         m = evaluate(model, world.samples(world.eval_days))
         ratios = [m[f"bucket{k}_calibration"] for k in (0, 1)]
         print(f"| {a.world} | {chain[0]}..{chain[-1]} | {days[0]}..{days[-1]} | {m['auc']:.4f} | "

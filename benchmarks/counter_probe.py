@@ -27,7 +27,7 @@ from sklearn.metrics import roc_auc_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.quality_suite import baselines  # noqa: E402
-from benchmarks.quality_suite.variants import Sizes, model_configs  # noqa: E402
+from benchmarks.quality_suite.variants import Recipe  # noqa: E402
 from benchmarks.quality_suite.worlds import WORLDS, prepare_simulated  # noqa: E402
 from models.data.batches import tokenizer_for  # noqa: E402
 from models.data.samples import iter_samples  # noqa: E402
@@ -88,7 +88,8 @@ def main() -> None:
                     help="quality_report.py's --home (the worlds are built there)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    tcfg, scfg = model_configs(Sizes())
+    recipe = Recipe.served()
+    tcfg, scfg = recipe.teacher, recipe.student
     print(f"| world | targets | test targets whose counters the log / the window changes | MLP, whole sample's counters "
           f"| MLP, the newest {scfg.counter_len:,} events | MLP, the student's window ({scfg.max_len:,} events) "
           f"| log - whole (paired) | window - whole (paired) |\n|---|---|---|---|---|---|---|---|")

@@ -24,10 +24,14 @@ stage cannot go past a day without events once it holds any (user_sequences' las
 newest event's day, so the next day is refused): of the runs of consecutive days with ratings, this
 17-day one has the most test ratings by users with earlier ratings in the slice.
 
+Models. Exactly what the pipeline trains and serves (quality_suite.variants.Recipe.served: assets/training.py's
+TeacherTrainingConfig().recipe() and StudentTrainingConfig().recipe(), the same sizes, TrainConfigs, early stopping
+and calibration; tests/test_recipe.py fails if they part); `--quick` and MovieLens shrink it and say so.
+
 Protocol. Every model trains from scratch on every day before the test day(s) through the pipeline's
 own training entry points (models.train_teacher / train_student with TrainConfig.holdout, as
-assets/training.py): the newest training day's latest Sizes.holdout share of impressions is held out,
-scored after every pass, training stops after Sizes.patience passes without a better held-out AUC and
+assets/training.py): the newest training day's latest `holdout` share of impressions is held out,
+scored after every pass, training stops after `patience` passes without a better held-out AUC and
 keeps the best pass, and the served head's per-bucket calibration is fitted on that slice. No variant
 depends on a pass count tuned for another, and nothing is chosen on the test days. It is then tested out
 of time on the last `--eval-days` day(s) under serving conditions (models.evaluate: delay mask on, the real bucket's
@@ -67,8 +71,7 @@ from benchmarks.quality_suite.baselines import GBDT, ad_evidence, baseline_metri
 from benchmarks.quality_suite.oracle import evidence_oracle, oracle_rows  # noqa: E402
 from benchmarks.quality_suite.report import table  # noqa: E402
 from benchmarks.quality_suite.runs import run_seed  # noqa: E402
-from benchmarks.quality_suite.variants import (ABLATIONS, DAILY, LEVERS, Sizes, model_configs,  # noqa: E402
-                                               student_variant)
+from benchmarks.quality_suite.variants import ABLATIONS, DAILY, LEVERS, Recipe, student_variant  # noqa: E402
 from benchmarks.quality_suite.worlds import WORLDS, World, prepare_imported, prepare_simulated  # noqa: E402
 
 
@@ -102,15 +105,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def report_world(world: World, wv: list[str], wsz: Sizes, seeds: list[int]) -> str:
+def report_world(world: World, wv: list[str], recipe: Recipe, seeds: list[int]) -> str:
     """Trains and tests the models ``wv`` of every seed on one world (reusing kept results); its table."""
     print(f"\n{world.name}: train {world.train_days[0]}..{world.train_days[-1]} (its newest day's latest "
           f"impressions held out), test {world.eval_days[0]}..{world.eval_days[-1]}; "
           f"models {', '.join(wv)}; seeds {seeds}", flush=True)
     # results are kept per world and reused by a rerun with the same sizes and split (an interrupted run resumes)
     results_path = world.home / "quality" / "results.json"
-    fingerprint = json.dumps({"sizes": dataclasses.asdict(wsz), "train": world.train_days,
-                              "eval": world.eval_days}, sort_keys=True)
+    fingerprint = json.dumps({"recipe": repr(recipe), "train": world.train_days, "eval": world.eval_days},
+                             sort_keys=True)
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     if results.get("_fingerprint") != fingerprint:
         results = {"_fingerprint": fingerprint}
@@ -124,14 +127,13 @@ def report_world(world: World, wv: list[str], wsz: Sizes, seeds: list[int]) -> s
     extra = {"baseline": baseline_metrics(world), "ads": ad_evidence(world)}
     t0 = time.perf_counter()
     for seed in seeds:
-        run_seed(world, wsz, seed, wv, results, save)
+        run_seed(world, recipe, seed, wv, results, save)
     if world.simulated:
         from models import predict
         from models.train import build_model
 
-        _, scfg = model_configs(wsz)
         # the evaluated impressions and their labels (any model's predict gives the same rows)
-        labels = predict(build_model(student_variant(scfg, "no_history")), world.samples(world.eval_days),
+        labels = predict(build_model(student_variant(recipe.student, "no_history")), world.samples(world.eval_days),
                          with_labels=True)[["impression_id", "label"]]
         extra["oracle"] = {**oracle_rows(world, labels), **evidence_oracle(world, labels)}
     print(f"  models on {world.name}: {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
@@ -146,14 +148,17 @@ def main(argv=None) -> int:
     ml_since = a.ml_since or ("2018-02-13" if q else "2015-11-02")
     ml_until = a.ml_until or ("2018-02-27" if q else "2015-11-18")
     ml_eval = a.ml_eval_days if a.ml_eval_days is not None else 5
-    sz = Sizes()
-    if q:
-        sz = dataclasses.replace(sz, d_model=32, teacher_max_len=512, student_max_len=256, epochs=4)
+    recipe = Recipe.served()
+    if q:  # a smoke run, not what serves: smaller models, fewer passes
+        r = dataclasses.replace
+        recipe = r(recipe.replace_train(epochs=4),
+                   teacher=r(recipe.teacher, max_len=512, backbone=r(recipe.teacher.backbone, d_model=32)),
+                   student=r(recipe.student, max_len=256, backbone=r(recipe.student.backbone, d_model=32)))
     if a.epochs:
-        sz = dataclasses.replace(sz, epochs=a.epochs)
+        recipe = recipe.replace_train(epochs=a.epochs)
     # MovieLens slices are small (hundreds to a few thousand ratings): more, cheap passes, more patience
     # and smaller batches, else a pass is one or two optimizer steps
-    ml_sz = dataclasses.replace(sz, epochs=a.ml_epochs, patience=4, token_budget=512)
+    ml_recipe = recipe.replace_train(epochs=a.ml_epochs, patience=4, token_budget=512)
 
     import torch
 
@@ -173,13 +178,9 @@ def main(argv=None) -> int:
     home = Path(a.home).resolve()
     command = "benchmarks/quality_report.py " + " ".join(sys.argv[1:] if argv is None else argv)
     header = (f"`{command.strip()}` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d} ({platform.machine()}, "
-              f"{os.cpu_count()} CPU(s), torch {torch.__version__}, {a.threads} thread(s)). Models: d={sz.d_model}, "
-              f"{sz.n_heads} heads, teacher {sz.teacher_layers} layers / {sz.teacher_max_len} tokens, student "
-              f"{sz.student_layers} layers / {sz.student_max_len} events (LITM T=3, PATM, LPTM every 2 layers, KD lambda "
-              f"{sz.kd_lambda:g}, temperature {sz.kd_temperature:g}); AdamW lr {sz.lr:g}, wd {sz.weight_decay:g}, "
-              f"{sz.token_budget} tokens per batch, at most {sz.epochs} passes; the latest {sz.holdout:.0%} of the newest "
-              f"training day's impressions pick the pass (stop after {sz.patience} without a better AUC, keep the best) and "
-              "fit the per-bucket calibration.")
+              f"{os.cpu_count()} CPU(s), torch {torch.__version__}, {a.threads} thread(s)). Models: "
+              f"{'--quick, smaller than what serves: ' if q else 'what the pipeline trains and serves: '}"
+              f"{recipe.describe()}.")
     print(header, flush=True)
     worlds = []
     if not (a.movielens_only or a.mind_only):
@@ -187,16 +188,18 @@ def main(argv=None) -> int:
         for name in (["tiny"] if q else a.worlds.split(",")):
             if name not in specs:
                 p.error(f"--worlds: unknown world {name!r} (one of {', '.join(specs)})")
-            worlds.append((prepare_simulated(home / name, name, specs[name], a.days, a.eval_days), variants, sz, seeds))
+            worlds.append((prepare_simulated(home / name, name, specs[name], a.days, a.eval_days), variants, recipe,
+                           seeds))
     if a.movielens or a.movielens_only:
         ml = prepare_imported("movielens", f"MovieLens latest-small, {ml_since}..{ml_until} (empty days filled)",
                               home / f"movielens-{ml_since}-{ml_until}", Path(a.ml_src), ml_eval, since=ml_since,
                               until=ml_until, fill_gaps=True)
-        ml.note = (f"At most {ml_sz.epochs} passes, patience {ml_sz.patience}, {ml_sz.token_budget} tokens per batch. "
+        mt = ml_recipe.student_train
+        ml.note = (f"At most {mt.epochs} passes, patience {mt.patience}, {mt.token_budget} tokens per batch. "
                    "MovieLens has no display position "
                    "(every impression is position 1, one bucket): the per-bucket baseline is one CTR per day, so its "
                    "AUC only reflects day-to-day CTR changes.")
-        worlds.append((ml, [v for v in variants if v in ("no_history", "student")], ml_sz,
+        worlds.append((ml, [v for v in variants if v in ("no_history", "student")], ml_recipe,
                        list(range(a.ml_seeds if a.ml_seeds is not None else (1 if q else 10)))))
     if a.mind or a.mind_only:
         mind = prepare_imported("mind", "MIND-small train, 5,000-impression subset (2019-11-09..14; click histories "
@@ -204,12 +207,13 @@ def main(argv=None) -> int:
         mind.note = ("Every impression is position 1 (MIND shuffles its lists), so one bucket; news side features "
                      "cover ~4 % of the news ids; most users have one request in the subset, so a user's history is "
                      "its untimed click history from before the split.")
-        worlds.append((mind, [v for v in variants if v in ("no_history", "teacher", "student", "student_kd")], sz, seeds))
+        worlds.append((mind, [v for v in variants if v in ("no_history", "teacher", "student", "student_kd")], recipe,
+                       seeds))
     prep_s = time.perf_counter() - started
 
     out = [header, ""]
-    for world, wv, wsz, seeds in worlds:
-        out.append(report_world(world, wv, wsz, seeds))
+    for world, wv, world_recipe, seeds in worlds:
+        out.append(report_world(world, wv, world_recipe, seeds))
     total = time.perf_counter() - started
     out.append(f"Run time: {total / 60:.1f} min in all, of which {prep_s / 60:.1f} min building the worlds' training "
                f"samples through the pipeline (cached: 0 on a rerun).")

@@ -5,16 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from benchmarks.quality_suite.variants import Sizes
+from benchmarks.quality_suite.variants import Recipe
 from benchmarks.quality_suite.worlds import World
-
-
-def train_cfg(sz: Sizes, seed: int):
-    from models import TrainConfig
-
-    return TrainConfig(lr=sz.lr, weight_decay=sz.weight_decay, token_budget=sz.token_budget, epochs=sz.epochs,
-                       patience=sz.patience, holdout=sz.holdout, max_steps=sz.max_steps, seed=seed, warmup_steps=20,
-                       log_every=10**9, ckpt_every=0, device="cpu")
 
 
 def summary_metrics(m: dict) -> dict:
@@ -27,12 +19,12 @@ def summary_metrics(m: dict) -> dict:
     return out
 
 
-def fit_model(kind: str, cfg, probs, train_days: list[str], world: World, sz: Sizes, seed: int):
+def fit_model(kind: str, cfg, probs, train_days: list[str], world: World, recipe: Recipe, seed: int):
     """One model through the pipeline's entry point (train_teacher / train_student, TrainConfig.holdout: the
     newest training day's latest impressions pick the pass and calibrate); returns (model, a summary)."""
     from models import train_student, train_teacher
 
-    tc, train = train_cfg(sz, seed), world.samples(train_days)
+    tc, train = recipe.train(kind, seed), world.samples(train_days)
     if kind == "teacher":  # a batch's budget cuts every sample to it: a longer context needs batches that hold it
         tc = dataclasses.replace(tc, token_budget=max(tc.token_budget, cfg.max_len))
     res = train_teacher(train, cfg, tc) if kind == "teacher" else train_student(train, probs, cfg, tc)
@@ -51,7 +43,7 @@ def fit_model(kind: str, cfg, probs, train_days: list[str], world: World, sz: Si
 DAILY_TEACHER_EVERY_DAYS = 3   # `genrank demo --teacher-every-days` (the compressed weekly cadence)
 
 
-def daily_teacher_probs(world: World, tcfg, sz: Sizes, seed: int):
+def daily_teacher_probs(world: World, tcfg, recipe: Recipe, seed: int):
     """The teacher probabilities the daily pipeline caches for each training day (days before the first
     teacher get none), and the teachers' windows."""
     import pandas as pd
@@ -64,7 +56,7 @@ def daily_teacher_probs(world: World, tcfg, sz: Sizes, seed: int):
         before = [d for d in world.train_days if d < day]
         if teacher_due(day, before, window, DAILY_TEACHER_EVERY_DAYS, tt.min_days)[0]:
             days = before[-tt.window_days:]
-            teacher, _ = fit_model("teacher", tcfg, None, days, world, sz, seed)
+            teacher, _ = fit_model("teacher", tcfg, None, days, world, recipe, seed)
             window = f"{days[0]}..{days[-1]}"
             windows.append(window)
         if teacher is not None:
@@ -85,14 +77,14 @@ def daily_chain(world: World, seed: int):
     return probs[["impression_id", "p"]], [d for d in world.train_days if d in set(probs["day"])]
 
 
-def daily_student(world: World, scfg, sz: Sizes, seed: int, probs, chain_days: list[str]):
+def daily_student(world: World, scfg, recipe: Recipe, seed: int, probs, chain_days: list[str]):
     """The daily student chain over ``chain_days`` (KD targets ``probs`` or None); returns (model, a summary)."""
     import tempfile
 
     from models import calibrate_on_days, train_student
     from assets.training import StudentTrainingConfig
 
-    st, tc = StudentTrainingConfig(), train_cfg(sz, seed)
+    st, tc = StudentTrainingConfig(), recipe.train("student", seed)
     model, seconds, steps, passes = None, 0.0, 0, []
     for day in chain_days:
         res = train_student(world.samples([day]), probs, scfg,

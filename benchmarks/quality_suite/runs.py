@@ -8,18 +8,18 @@ from pathlib import Path
 from benchmarks.quality_suite.baselines import GBDT, counters_gbdt
 from benchmarks.quality_suite.protocol import (daily_chain, daily_probs_path, daily_student, daily_teacher_probs,
                                                fit_model, summary_metrics)
-from benchmarks.quality_suite.variants import DAILY, LEVERS, Sizes, model_configs, student_variant
+from benchmarks.quality_suite.variants import DAILY, LEVERS, Recipe, student_variant
 from benchmarks.quality_suite.worlds import World
 
 
-def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: dict, save) -> None:
+def run_seed(world: World, recipe: Recipe, seed: int, variants: list[str], results: dict, save) -> None:
     """Trains and evaluates every model of one seed (skipping those already in results)."""
     import pandas as pd
 
     from models import evaluate, predict
     from models.metrics import auc
 
-    tcfg, scfg = model_configs(sz)
+    tcfg, scfg = recipe.teacher, recipe.student
     evald = world.samples(world.eval_days)
     workdir = world.home / "quality"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -29,7 +29,7 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
     kd_needs_probs = any(key(v) not in results for v in kd) and not probs_path.exists()
     if "teacher" in variants and (key("teacher") not in results or kd_needs_probs):
         t0 = time.perf_counter()
-        model, fit = fit_model("teacher", tcfg, None, world.train_days, world, sz, seed)
+        model, fit = fit_model("teacher", tcfg, None, world.train_days, world, recipe, seed)
         results[key("teacher")] = {**summary_metrics(evaluate(model, evald)), **fit}
         # the teacher's probabilities on the student's training days (TM20K: cached teacher logits)
         probs = predict(model, world.samples(world.train_days), with_labels=True)
@@ -40,7 +40,7 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
 
     def lever_teacher(v: str):
         """A teacher lever's model; its probabilities on the training days are kept for a KD lever that names it."""
-        model, fit = fit_model("teacher", LEVERS[v][1](tcfg), None, world.train_days, world, sz, seed)
+        model, fit = fit_model("teacher", LEVERS[v][1](tcfg), None, world.train_days, world, recipe, seed)
         if any(LEVERS[k][3:] == (v,) for k in kd if k in LEVERS):
             predict(model, world.samples(world.train_days))[["impression_id", "p"]].to_parquet(
                 workdir / f"{v}-probs-seed{seed}.parquet", index=False)
@@ -59,10 +59,10 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
         # as in the pipeline: KD targets from a teacher that never trained on them. A teacher on the first half
         # of the training days scores the second half; the first half gets no KD term (no teacher probability).
         half = len(world.train_days) // 2
-        model, _ = fit_model("teacher", tcfg, None, world.train_days[:half], world, sz, seed)
+        model, _ = fit_model("teacher", tcfg, None, world.train_days[:half], world, recipe, seed)
         predict(model, world.samples(world.train_days[half:]))[["impression_id", "p"]].to_parquet(oot_path, index=False)
     if any(v in DAILY and key(v) not in results for v in variants) and not daily_probs_path(world, seed).exists():
-        daily, windows = daily_teacher_probs(world, tcfg, sz, seed)
+        daily, windows = daily_teacher_probs(world, tcfg, recipe, seed)
         daily.to_parquet(daily_probs_path(world, seed), index=False)
         print(f"  [{world.name}] seed {seed} daily teachers {', '.join(windows)}", flush=True)
     for v in variants:
@@ -79,11 +79,11 @@ def run_seed(world: World, sz: Sizes, seed: int, variants: list[str], results: d
             model, fit = lever_teacher(v)
         elif v in DAILY:
             daily, chain = daily_chain(world, seed)
-            model, fit = daily_student(world, scfg, sz, seed, daily if v == "student_daily_kd" else None, chain)
+            model, fit = daily_student(world, scfg, recipe, seed, daily if v == "student_daily_kd" else None, chain)
         else:
             probs = pd.read_parquet(oot_path if v == "student_kd_oot" else kd_probs(v)) if v in kd + ["student_kd_oot"] \
                 else None
-            model, fit = fit_model("student", student_variant(scfg, v), probs, world.train_days, world, sz, seed)
+            model, fit = fit_model("student", student_variant(scfg, v), probs, world.train_days, world, recipe, seed)
         results[key(v)] = {**summary_metrics(evaluate(model, evald)), **fit}
         _report(world, v, seed, results[key(v)], time.perf_counter() - t0)
         save()

@@ -1,11 +1,13 @@
-"""The models the report trains: their sizes (Sizes), the teacher and student configurations, and every row's
-variant of them: issue #18's levers (LEVERS), the seed papers' ablations (ABLATIONS) and the daily chain (DAILY)."""
+"""The models the report trains: the pipeline's own teacher and student (Recipe.served), and every row's variant
+of them: issue #18's levers (LEVERS), the seed papers' ablations (ABLATIONS) and the daily chain (DAILY)."""
 from __future__ import annotations
 
 import dataclasses
 
 
-# the seed papers' ablations of the student without KD (report.py SEED_EXPECTATIONS: their published effects)
+# the seed papers' ablations of the student without KD (report.py SEED_EXPECTATIONS: their published effects).
+# On the served student (2 layers, StudentConfig.lptm_every 2) LPTM never merges (Student.merge_layers: before
+# layer 2 only), so no_lptm trains the same model as "student" there: a row that measures seed noise.
 ABLATIONS = ["no_position_heads", "no_train_delay", "index_rope", "no_litm", "no_patm", "no_lptm"]
 # the student trained as the pipeline's daily chain trains it (protocol.py), without and with KD
 DAILY = ("student_daily", "student_daily_kd")
@@ -21,7 +23,7 @@ def _bb(**kw):
 LEVERS = {
     "teacher_6_layers": ("teacher", _bb(n_layers=6), "teacher, 6 layers instead of 4"),
     "teacher_d96": ("teacher", _bb(d_model=96), "teacher, d=96 instead of 64"),
-    "teacher_4k_context": ("teacher", lambda c: dataclasses.replace(c, max_len=4096), "teacher, 4,096 tokens instead of 2,048"),
+    "teacher_4k_context": ("teacher", lambda c: dataclasses.replace(c, max_len=4096), "teacher, 4,096 tokens instead of 1,024"),
     "teacher_no_id_dropout": ("teacher", _bb(id_dropout=0.0), "teacher, no id dropout"),
     "teacher_token_counters": ("teacher", lambda c: dataclasses.replace(c, counter_len=None),
                                "teacher, counters over its kept tokens only (before counter_len)"),
@@ -71,41 +73,42 @@ LABELS = {
 }
 
 
-@dataclasses.dataclass
-class Sizes:
-    d_model: int = 64
-    n_heads: int = 2
-    teacher_layers: int = 4
-    student_layers: int = 4      # LPTM pair-sums before layer 2 (of 0..3): it needs >= 3 layers to act
-    teacher_max_len: int = 2048  # tokens (an impression costs 2)
-    student_max_len: int = 1024  # events
-    counter_len: int = 4096      # events both models' counters count (ModelSizes.counter_events)
-    epochs: int = 12             # at most; the held-out slice picks the pass (TrainConfig.patience, holdout)
-    patience: int = 2            # TrainConfig.patience
-    holdout: float = 0.2         # TrainConfig.holdout
-    max_steps: int | None = None
-    token_budget: int = 2048     # small packed batches: more optimizer steps per pass (as the pipeline)
-    lr: float = 2e-3
-    weight_decay: float = 0.1
-    kd_lambda: float = 50.0      # StudentConfig.kd_lambda (TM20K)
-    kd_temperature: float = 1.0  # StudentConfig.kd_temperature
-    id_dropout: float = 0.5      # as the pipeline (models/config.py DEMO_SIZES)
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What the report trains: the teacher and the student with their TrainConfigs. ``served()`` is exactly what the
+    pipeline trains and serves (assets.training's run configuration defaults, their ``recipe()``); the benchmark
+    only sets the seed and turns logging and checkpoints off (``for_seed``). ``--quick`` and MovieLens shrink it
+    explicitly (quality_report.py says so in the report)."""
+    teacher: object
+    teacher_train: object
+    student: object
+    student_train: object
 
+    @classmethod
+    def served(cls) -> "Recipe":
+        from assets.training import StudentTrainingConfig, TeacherTrainingConfig
 
-def model_configs(sz: Sizes):
-    """The teacher's and the student's configurations at these sizes."""
-    from models import BackboneConfig, StudentConfig, TeacherConfig
-    from models.config import DEMO_SIZES, feature_config
+        return cls(*TeacherTrainingConfig().recipe(), *StudentTrainingConfig().recipe())
 
-    fc = feature_config(DEMO_SIZES)
-    teacher = TeacherConfig(features=fc, max_len=sz.teacher_max_len, counter_len=sz.counter_len,
-                            backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.teacher_layers, n_heads=sz.n_heads,
-                                                    id_dropout=sz.id_dropout))
-    student = StudentConfig(features=fc, max_len=sz.student_max_len, counter_len=sz.counter_len, kd_lambda=sz.kd_lambda,
-                            kd_temperature=sz.kd_temperature,
-                            backbone=BackboneConfig(d_model=sz.d_model, n_layers=sz.student_layers, n_heads=sz.n_heads,
-                                                    id_dropout=sz.id_dropout))
-    return teacher, student
+    def train(self, kind: str, seed: int):
+        """The TrainConfig of the teacher or the student for one seed (what the pipeline trains with, seeded)."""
+        base = self.teacher_train if kind == "teacher" else self.student_train
+        return dataclasses.replace(base, seed=seed, log_every=10**9, ckpt_every=0, device="cpu")
+
+    def replace_train(self, **changes) -> "Recipe":
+        """Both TrainConfigs changed alike (the passes, the batch size)."""
+        r = dataclasses.replace
+        return r(self, teacher_train=r(self.teacher_train, **changes), student_train=r(self.student_train, **changes))
+
+    def describe(self) -> str:
+        t, s, tt, st = self.teacher, self.student, self.teacher_train, self.student_train
+        return (f"d={t.backbone.d_model}, {t.backbone.n_heads} heads, teacher {t.backbone.n_layers} layers / {t.max_len} "
+                f"tokens, student {s.backbone.n_layers} layers / {s.max_len} events, counters over {s.counter_len} "
+                f"events (LITM, PATM, LPTM every {s.lptm_every} layers; KD lambda {s.kd_lambda:g}, temperature "
+                f"{s.kd_temperature:g}); AdamW lr {tt.lr:g} / {st.lr:g} (teacher / student), wd {st.weight_decay:g}, "
+                f"{tt.token_budget} / {st.token_budget} tokens per batch, at most {st.epochs} passes and "
+                f"{st.max_steps} steps; the latest {st.holdout:.0%} of the newest training day's impressions pick the "
+                f"pass (stop after {st.patience} without a better AUC, keep the best) and fit the per-bucket calibration")
 
 
 def student_variant(base, name: str):
