@@ -395,7 +395,6 @@ class StudentTrainingConfig(ModelSizeConfig):
     calibration_days: int = Field(default=3, ge=1)
     lr: float = DEMO_STUDENT_SIZES.lr
     force: bool = False          # register a new version even if one exists for this day, data and code
-    shuffle_labels: bool = False  # deliberately broken candidate (tests the gates); never in production
 
     def architecture(self):
         """The served student these sizes describe (models.config.student_config)."""
@@ -432,7 +431,7 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
     fingerprint = reg.data_fingerprint([samples, logits_path.parent, *(_samples(paths, d) for d in calibration_days)])
     code = reg.code_version()
     existing = r.find(reg.CTR, partition=day, data_fingerprint=fingerprint, code_version=code)
-    if existing is not None and not config.force and not config.shuffle_labels:
+    if existing is not None and not config.force:
         return dg.MaterializeResult(metadata={"version": existing.version, "reused": True})
     previous = _newest_candidate_before(r, day)
     r.ensure_registered(reg.CTR, "The served CTR student (TM20K-style token merging, dual-head distillation).")
@@ -444,14 +443,11 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
             # A release that changes the student (its features, sizes, merges) cannot reuse older weights.
             context.log.warning(f"candidate v{previous.version} has another student config: {day} starts cold")
             init, previous = None, None
-        train_samples = samples
-        if config.shuffle_labels:
-            train_samples = _shuffled_labels(samples, tmp / "shuffled", config.seed)
         started = time.perf_counter()
-        ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}-{config.shuffle_labels}"
+        ckpt_dir = paths.root / "checkpoints" / f"student-{day}-{fingerprint}-{code}"
         epochs = config.warm_epochs if init is not None else config.epochs
         train_cfg = dataclasses.replace(recipe_train_cfg, epochs=epochs)
-        result = train_student_procs(settings.train_procs(), str(train_samples),
+        result = train_student_procs(settings.train_procs(), str(samples),
                                      teacher_probs[["impression_id", "p"]] if gate.passed else None,
                                      student_cfg, train_cfg, init_from=init, ckpt_dir=str(ckpt_dir))
         if train_cfg.holdout > 0:  # no held-out share: fit trains on everything, uncalibrated
@@ -463,7 +459,7 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
                 "calibration_window": f"{calibration_days[0]}..{calibration_days[-1]}",
                 "code_version": code, "data_fingerprint": fingerprint,
                 "warm_start_from": previous.version if previous is not None else "none",
-                "broken_on_purpose": str(config.shuffle_labels).lower(), "gate_decision": "pending"}
+                "gate_decision": "pending"}
         version = r.register_trained(
             reg.CTR, result.model, result.history, samples, run_name=f"student-{day}", run_tags={"partition": day},
             checkpoint_metadata={"partition": day}, tags=tags,
@@ -485,20 +481,8 @@ def student_candidate(context: dg.AssetExecutionContext, config: StudentTraining
 
 
 def _newest_candidate_before(r: reg.Registry, day: str):
-    earlier = [v for v in r.complete_versions(reg.CTR)
-               if v.tags.get("partition", "") < day and v.tags.get("broken_on_purpose") != "true"]
+    earlier = [v for v in r.complete_versions(reg.CTR) if v.tags.get("partition", "") < day]
     return max(earlier, key=lambda v: (v.tags["partition"], int(v.version))) if earlier else None
-
-
-def _shuffled_labels(samples: Path, dst: Path, seed: int) -> Path:
-    df = pd.read_parquet(samples)
-    rng = np.random.default_rng(seed)
-    target = df["is_target"].to_numpy()
-    df.loc[target, "label"] = rng.permutation(df.loc[target, "label"].to_numpy())
-    out = dst / Path(samples).name   # keeps date=D: training holds out the newest day by its date
-    out.mkdir(parents=True)
-    df.to_parquet(out / "part-0.parquet", index=False)
-    return out
 
 
 # -------------------------------------------------------------------------- evaluation and promotion

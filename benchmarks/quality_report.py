@@ -41,7 +41,7 @@ impressions) with their spread, which is the noise against which every direction
 
 Rows. The oracle's AUC (the simulator's true click probability with full information and with
 serving visibility, on the tested impressions); the per-bucket historical-CTR baseline
-(transforms.sequences.bucket_ctr_baseline); a student that sees no user history (use_history=False);
+(transforms.sequences.bucket_ctr_baseline); a student that sees no user history (quality_suite/ablations.py);
 the teacher (CADET-style, full tokens); the student without and with KD (TM20K: main head on labels,
 distill head on CE + lambda x KD against the teacher's probabilities on the training days, from
 models.predict on the teacher); the student trained as the daily pipeline trains it (DAILY: warm-started
@@ -130,10 +130,9 @@ def report_world(world: World, wv: list[str], recipe: Recipe, seeds: list[int]) 
         run_seed(world, recipe, seed, wv, results, save)
     if world.simulated:
         from models import predict
-        from models.train import build_model
 
-        # the evaluated impressions and their labels (any model's predict gives the same rows)
-        labels = predict(build_model(student_variant(recipe.student, "no_history")), world.samples(world.eval_days),
+        # the evaluated impressions and their labels (any model's predict gives the same rows; this one is fast)
+        labels = predict(student_variant(recipe.student, "no_history").build(), world.samples(world.eval_days),
                          with_labels=True)[["impression_id", "label"]]
         extra["oracle"] = {**oracle_rows(world, labels), **evidence_oracle(world, labels)}
     print(f"  models on {world.name}: {(time.perf_counter() - t0) / 60:.1f} min", flush=True)

@@ -46,9 +46,9 @@ teacher    CADET-style decoder; student: LPTM + dual heads; train: loop + API; m
 """
 from .config import (BackboneConfig, FeatureConfig, MaskConfig, RoPEConfig, StudentConfig, TeacherConfig,
                      TrainConfig, preset)
-from .train import (TrainResult, build_model, calibrate, calibrate_on_days, evaluate, fit, load_model, predict,
-                    save_model, train_student, train_teacher)
+from .train import (TrainResult, build_model, calibrate, calibrate_on_days, evaluate, fit, fit_with_holdout,
+                    load_model, predict, save_model, train_student, train_teacher)
 
 __all__ = ["BackboneConfig", "FeatureConfig", "MaskConfig", "RoPEConfig", "StudentConfig", "TeacherConfig",
            "TrainConfig", "TrainResult", "preset", "build_model", "calibrate", "calibrate_on_days", "evaluate", "fit",
-           "load_model", "predict", "save_model", "train_student", "train_teacher"]
+           "fit_with_holdout", "load_model", "predict", "save_model", "train_student", "train_teacher"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from .data import tokenizer_for
 from .layers import AuxHeads, Block, BucketHeads, CrossFeatures, RoPE, TokenEmbedding, init_weights
 
 
@@ -24,6 +25,10 @@ class RankingBackbone(nn.Module):
             setattr(self, name, BucketHeads(b.d_model, b.n_buckets))
         self.aux = AuxHeads(b.d_model, b.n_click_types)
         init_weights(self)
+
+    def tokenizer(self):
+        """Sample -> tokens for this model (fit and predict read through it): the kind's own tokens."""
+        return tokenizer_for(self.kind, self.cfg)
 
     def delay_ms(self, serving: bool) -> int:
         """The delay mask's width: always at serving; in training unless the config trains without it."""

@@ -120,20 +120,6 @@ class StudentConfig:
     # E|p - y| = 2p(1-p) does, so their ratio does not depend on the base rate and lambda needs no CTR scaling.
     kd_lambda: float = 50.0
     kd_temperature: float = 1.0    # ours (Hinton et al.'s T on logits, T^2-scaled); 1 = TM20K's plain KD
-    # Ablations (benchmarks/quality_suite/variants.py); the defaults are the design above.
-    # use_history=False: the no-history baseline (a DLRM-like model: candidate features only, no user
-    # sequence). Its tokens carry no history (data.tokenizer_for) and the model drops any it is given.
-    # Not max_len=0, which means "every event".
-    use_history: bool = True
-    # with use_history=False, keep the candidates' cross features (the counters of the user's history): a
-    # DLRM on MTGR's counters, the industrial ranker before sequence models, on the student's own layers
-    counters_without_history: bool = False
-    # position_input=True: CADET's "common practice" baseline instead of its position heads: the scored
-    # impression's real position is an input of its candidate token in training (through the position
-    # embedding the history's impressions use) and serving_position fills it at serving and evaluation,
-    # when the slot is not yet known. Pair it with backbone.n_buckets=1 for CADET's single-head baseline.
-    position_input: bool = False
-    serving_position: int = 1      # ours: CADET names no default slot; 1 = the top slot
 
 
 @dataclass

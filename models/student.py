@@ -10,9 +10,8 @@ an odd newest token stays alone); candidates are never merged; bounds are rebuil
 Heads: `logits` = main tower, trained on labels only, this is what serves; `distill_logits` =
 distill tower, trained on CE + kd_lambda x KD against the teacher's probability.
 
-Ablations (off by default; benchmarks/quality_suite/variants.py): `use_history=False` drops every history token
-(the no-history baseline); `position_input=True` feeds the scored impression's position as an input
-instead of relying on the bucket heads alone (CADET's baseline; the default slot fills it at serving).
+The quality report's ablations of it (no history, position as input) are subclasses in
+benchmarks/quality_suite/ablations.py; nothing here branches on them.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 
 from .backbone import RankingBackbone
 from .config import StudentConfig
-from .data import F_POS, Batch
+from .data import Batch
 from .layers import aux_loss_sums, ctr_loss_sum, gather_bucket, rope_positions
 from .masks import candidate_bounds, lengths_to_offsets, seq_index
 
@@ -63,24 +62,12 @@ class Student(RankingBackbone):
         x = self.embed(feats)
         return x if self.cross is None else x + self.cross(cross).to(x.dtype)
 
-    def candidate_feats(self, batch: Batch, serving: bool) -> torch.Tensor:
-        """Candidate token features. With cfg.position_input (CADET's position-as-input baseline) the
-        F_POS column carries the real position in training and cfg.serving_position when serving;
-        otherwise it is whatever the tokens hold (0: the scored impression's position is never an input)."""
-        f = batch.tensors["cand_feats"]
-        if self.cfg.position_input and serving:
-            f = f.clone()
-            f[:, F_POS] = min(int(self.cfg.serving_position), self.cfg.features.max_position)
-        return f
-
     def forward(self, batch: Batch, serving: bool = True) -> dict[str, torch.Tensor]:
         t = batch.tensors
         m = self.cfg.mask
         xh = self.embed_history(batch)
-        xc = self.embed_candidates(self.candidate_feats(batch, serving), t["cand_cross"])
+        xc = self.embed_candidates(t["cand_feats"], t["cand_cross"])
         hts, hlen, clen, cts = t["hist_ts"], t["hist_len"], t["cand_len"], t["cand_ts"]
-        if not self.cfg.use_history:  # no-history baseline: whatever history the batch holds is dropped
-            xh, hts, hlen = xh[:0], hts[:0], torch.zeros_like(hlen)
         cut = cts - self.delay_ms(serving)
         merges = self.merge_layers()
         self.last_lengths = []

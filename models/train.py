@@ -248,7 +248,8 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
         net = nn.parallel.DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None)
     amp = device.type == "cuda" and train.amp_bf16
     loader = PackedLoader(samples_paths, kind, core.cfg, train.token_budget, seed=train.seed,
-                          shuffle_buffer=train.shuffle_buffer, teacher_probs=teacher_probs, world=world)
+                          shuffle_buffer=train.shuffle_buffer, teacher_probs=teacher_probs, world=world,
+                          tokenizer=core.tokenizer())
     history: list[dict] = []
     thr = Throughput()
     bar = None
@@ -359,10 +360,11 @@ def fit(model: nn.Module, samples_paths, train: TrainConfig | None = None, teach
     return res
 
 
-def _fit_with_holdout(model, samples_paths, train: TrainConfig | None, teacher_probs, val_paths, ckpt_dir, resume,
-                      warm: bool) -> TrainResult:
+def fit_with_holdout(model, samples_paths, train: TrainConfig | None, teacher_probs=None, val_paths=None,
+                     ckpt_dir: str | None = None, resume: bool = True, warm: bool = False) -> TrainResult:
     """fit() with the held-out slice: ``val_paths`` if given, else (train.holdout > 0) the newest day's latest
-    targets (data.time_holdout), written next to the checkpoint or to a temporary folder."""
+    targets (data.time_holdout), written next to the checkpoint or to a temporary folder. What train_teacher and
+    train_student run, for a model they do not build (the benchmarks' ablations)."""
     import tempfile
 
     train = train or TrainConfig()
@@ -378,7 +380,7 @@ def train_teacher(samples_paths, config: TeacherConfig, train: TrainConfig | Non
     """Trains the full-token teacher (delay mask on target rows unless config.mask.train_delay=False).
     With train.holdout > 0 (and no val_paths) the newest day's latest targets choose the pass and calibrate."""
     torch.manual_seed((train or TrainConfig()).seed)  # deterministic initialisation
-    return _fit_with_holdout(Teacher(config), samples_paths, train, None, val_paths, ckpt_dir, resume, warm=False)
+    return fit_with_holdout(Teacher(config), samples_paths, train, None, val_paths, ckpt_dir, resume, warm=False)
 
 
 def train_student(samples_paths, teacher_probs, config: StudentConfig, train: TrainConfig | None = None,
@@ -390,8 +392,8 @@ def train_student(samples_paths, teacher_probs, config: StudentConfig, train: Tr
     model = Student(config)
     if init_from is not None:
         _warm_start(model, init_from)
-    return _fit_with_holdout(model, samples_paths, train, teacher_probs, val_paths, ckpt_dir, resume,
-                             init_from is not None)
+    return fit_with_holdout(model, samples_paths, train, teacher_probs, val_paths, ckpt_dir, resume,
+                            init_from is not None)
 
 
 def _warm_start(model: nn.Module, init_from):
@@ -416,7 +418,7 @@ def predict(model: nn.Module, samples_paths, token_budget: int | None = None, de
     m.eval().to(device)
     # generous budget: a sample's targets are only ever dropped if they alone exceed it
     budget = token_budget or max(16384, 4 * getattr(m.cfg, "max_len", 4096))
-    loader = PackedLoader(samples_paths, m.kind, m.cfg, budget, seed=None)
+    loader = PackedLoader(samples_paths, m.kind, m.cfg, budget, seed=None, tokenizer=m.tokenizer())
     frames, thr, toks_all = [], Throughput(), []
     for toks in loader.iter_epoch(0):
         batch = collate(toks).to(device)

@@ -16,6 +16,7 @@ import torch
 from assets import training
 from deploy import registry as reg
 from assets.resources import GenrankPaths, MlflowResource
+from testkit.faults import shuffle_training_labels
 from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow
@@ -83,10 +84,8 @@ def test_broken_challenger_is_refused_then_forced_then_rolled_back(pipeline_run,
     r = reg.default_registry(home)
     champion = r.by_alias(reg.CTR, "champion")
     day3, day4 = report.days[2], report.days[3]
-    broken = dg.materialize(
-        [training.student_candidate], partition_key=day3, resources=_resources(home),
-        run_config={"ops": {"student_candidate": {"config": {"shuffle_labels": True}}}},
-    )
+    shuffle_training_labels(home, day3)   # day 3's candidate retrained on labels that say nothing
+    broken = dg.materialize([training.student_candidate], partition_key=day3, resources=_resources(home))
     broken_version = broken.get_asset_materialization_events()[0].event_specific_data.materialization.metadata["version"].value
     assert broken_version != champion.version
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from benchmarks.quality_suite.ablations import ABLATED
 from benchmarks.quality_suite.variants import Recipe
 from benchmarks.quality_suite.worlds import World
 
@@ -22,12 +23,19 @@ def summary_metrics(m: dict) -> dict:
 def fit_model(kind: str, cfg, probs, train_days: list[str], world: World, recipe: Recipe, seed: int):
     """One model through the pipeline's entry point (train_teacher / train_student, TrainConfig.holdout: the
     newest training day's latest impressions pick the pass and calibrate); returns (model, a summary)."""
-    from models import train_student, train_teacher
+    import torch
+
+    from models import fit_with_holdout, train_student, train_teacher
 
     tc, train = recipe.train(kind, seed), world.samples(train_days)
     if kind == "teacher":  # a batch's budget cuts every sample to it: a longer context needs batches that hold it
         tc = dataclasses.replace(tc, token_budget=max(tc.token_budget, cfg.max_len))
-    res = train_teacher(train, cfg, tc) if kind == "teacher" else train_student(train, probs, cfg, tc)
+        res = train_teacher(train, cfg, tc)
+    elif isinstance(cfg, ABLATED):  # train_student's loop on the ablation's own Student subclass
+        torch.manual_seed(seed)
+        res = fit_with_holdout(cfg.build(), train, tc, probs)
+    else:
+        res = train_student(train, probs, cfg, tc)
     th = res.throughput
     return res.model, {"best_epoch": res.best_epoch, "val_auc": max(res.val_curve, default=float("nan")),
                        "val_curve": res.val_curve, "train_seconds": th["seconds"], "train_steps": res.step,

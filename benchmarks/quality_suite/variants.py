@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from benchmarks.quality_suite.ablations import NoHistoryConfig, PositionInputConfig, ablated
 
 # the seed papers' ablations of the student without KD (report.py SEED_EXPECTATIONS: their published effects).
 # On the served student (2 layers, StudentConfig.lptm_every 2) LPTM never merges (Student.merge_layers: before
@@ -27,8 +28,7 @@ LEVERS = {
     "teacher_no_id_dropout": ("teacher", _bb(id_dropout=0.0), "teacher, no id dropout"),
     "teacher_token_counters": ("teacher", lambda c: dataclasses.replace(c, counter_len=None),
                                "teacher, counters over its kept tokens only (before counter_len)"),
-    "counters_no_ids": ("student", lambda c: dataclasses.replace(_bb(id_dropout=1.0)(c), use_history=False,
-                                                                 counters_without_history=True),
+    "counters_no_ids": ("student", lambda c: ablated(_bb(id_dropout=1.0)(c), NoHistoryConfig, keep_counters=True),
                         "student on the counters, no history tokens, ids dropped in training"),
     "student_2k_history": ("student", lambda c: dataclasses.replace(c, max_len=2048),
                            "student, 2,048 history events instead of 1,024"),
@@ -120,13 +120,13 @@ def student_variant(base, name: str):
     if name in LEVERS:
         return LEVERS[name][1](base)
     if name == "no_history":
-        return r(base, use_history=False)
+        return ablated(base, NoHistoryConfig)
     if name == "counters_no_history":
-        return r(base, use_history=False, counters_without_history=True)
+        return ablated(base, NoHistoryConfig, keep_counters=True)
     if name == "no_cross_features":
         return r(base, features=r(base.features, cross_windows_days=()))
     if name == "no_position_heads":
-        return r(base, position_input=True, backbone=r(base.backbone, n_buckets=1))
+        return ablated(base, PositionInputConfig, backbone=r(base.backbone, n_buckets=1))
     if name == "no_train_delay":
         return r(base, mask=r(base.mask, train_delay=False))
     if name == "index_rope":

@@ -18,8 +18,7 @@ from .samples import (A_CLICK, A_NOCLICK, ACTION_IDS, CLICK_TYPE_IDS, HASHED, RE
                       TeacherProbs, hash_ids, iter_file_samples, iter_samples, list_sample_files, observed_ctr,
                       split_by_targets, stable_hash, time_holdout)
 from .serving import request_tokens, sample_from_frame
-from .student_tokens import (StudentTokens, litm_groups, patm_groups, student_tokens, with_candidate_positions,
-                             without_history)
+from .student_tokens import StudentTokens, litm_groups, patm_groups, student_tokens
 from .teacher_tokens import TeacherTokens, teacher_tokens
 from .tokens import (F_ACTION, F_ADV, F_BRAND, F_CAMPAIGN, F_CAT, F_CTYPE, F_DEVICE, F_DWELL, F_HOUR, F_ITEM, F_POS,
                      F_SURFACE, F_TYPE, ID_FIELDS, N_ACTIONS, N_FIELDS, N_HOURS, N_TOKEN_TYPES, TT_BEHAVIOR,
@@ -32,7 +31,7 @@ __all__ = [
     "TeacherProbs", "hash_ids", "iter_file_samples", "iter_samples", "list_sample_files", "observed_ctr",
     "split_by_targets", "stable_hash", "time_holdout",
     "request_tokens", "sample_from_frame",
-    "StudentTokens", "litm_groups", "patm_groups", "student_tokens", "with_candidate_positions", "without_history",
+    "StudentTokens", "litm_groups", "patm_groups", "student_tokens",
     "TeacherTokens", "teacher_tokens",
     "F_ACTION", "F_ADV", "F_BRAND", "F_CAMPAIGN", "F_CAT", "F_CTYPE", "F_DEVICE", "F_DWELL", "F_HOUR", "F_ITEM",
     "F_POS", "F_SURFACE", "F_TYPE", "ID_FIELDS", "N_ACTIONS", "N_FIELDS", "N_HOURS", "N_TOKEN_TYPES", "TT_BEHAVIOR",

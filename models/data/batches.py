@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .samples import Sample, TeacherProbs, iter_samples, list_sample_files, split_by_targets
-from .student_tokens import StudentTokens, student_tokens, with_candidate_positions, without_history
+from .student_tokens import StudentTokens, student_tokens
 from .teacher_tokens import TeacherTokens, teacher_tokens
 from .tokens import Targets
 
@@ -74,13 +74,8 @@ def tokenizer_for(kind: str, cfg):
         return lambda s, budget: teacher_tokens(s, fc, min(cfg.max_len, budget), cfg.mask.delay_ms, cfg.counter_len)
 
     def student(s: Sample, budget: int) -> StudentTokens:
-        t = student_tokens(s, fc, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds, cfg.patm_factors,
-                           max_tokens=budget, delay_ms=cfg.mask.delay_ms, counter_len=cfg.counter_len)
-        if not getattr(cfg, "use_history", True):
-            t = without_history(t, getattr(cfg, "counters_without_history", False))
-        if getattr(cfg, "position_input", False):
-            t = with_candidate_positions(t, s, fc)
-        return t
+        return student_tokens(s, fc, cfg.max_len, cfg.litm, cfg.litm_T, cfg.patm, cfg.patm_bounds, cfg.patm_factors,
+                              max_tokens=budget, delay_ms=cfg.mask.delay_ms, counter_len=cfg.counter_len)
     return student
 
 
@@ -102,12 +97,12 @@ class PackedLoader:
     process of budget B reads (models.distributed)."""
 
     def __init__(self, paths, kind: str, cfg, token_budget: int, seed: int | None = 0, shuffle_buffer: int = 256,
-                 teacher_probs=None, world: int = 1, targets_only: bool = True):
+                 teacher_probs=None, world: int = 1, targets_only: bool = True, tokenizer=None):
         self.paths = list_sample_files(paths)
         self.kind, self.cfg, self.budget = kind, cfg, int(token_budget)
         self.seed, self.shuffle_buffer, self.world = seed, shuffle_buffer, world
         self.teacher = TeacherProbs(teacher_probs) if teacher_probs is not None else None
-        self.tok = tokenizer_for(kind, cfg)
+        self.tok = tokenizer or tokenizer_for(kind, cfg)   # a model's own (RankingBackbone.tokenizer)
         self.targets_only = targets_only
         self.sample_budget = self.budget * world
         # at most half of a sequence's token room goes to targets (a teacher target costs 2 tokens)

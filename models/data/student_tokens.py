@@ -15,7 +15,7 @@ from contracts import HOUR_MS
 from ..config import FeatureConfig
 from .cross import counted_rows, cross_counts
 from .samples import Sample
-from .tokens import (F_POS, F_TYPE, TT_BEHAVIOR, TT_CANDIDATE, TT_IMP_EVENT, Targets, content_feats, event_feats,
+from .tokens import (F_TYPE, TT_BEHAVIOR, TT_CANDIDATE, TT_IMP_EVENT, Targets, content_feats, event_feats,
                      valid_targets)
 
 log = logging.getLogger("genrank.models.data")
@@ -119,24 +119,3 @@ def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True
     cross = cross_counts(*counted_rows(s, fc, counter_len, feats, s.ts[hist]), cand_feats, cand_ts - delay_ms, fc)
     return StudentTokens(ev_feats=feats, ev_ts=s.ts[hist], ev_group=g, hist_ts=hts, cand_feats=cand_feats,
                          cand_ts=cand_ts, cand_cross=cross, targets=Targets.of(s, tgt_idx), n_events=len(hist))
-
-
-def without_history(t: StudentTokens, keep_counters: bool = False) -> StudentTokens:
-    """The same candidates with no history tokens (StudentConfig.use_history=False), and no cross counts
-    unless ``keep_counters`` (StudentConfig.counters_without_history)."""
-    F = t.ev_feats.shape[1]
-    return replace(t, ev_feats=np.zeros((0, F), np.int64), ev_ts=np.zeros(0, np.int64), ev_group=np.zeros(0, np.int64),
-                   hist_ts=np.zeros(0, np.int64), n_events=0,
-                   cand_cross=t.cand_cross if keep_counters else np.zeros_like(t.cand_cross))
-
-
-def with_candidate_positions(t: StudentTokens, s: Sample, fc: FeatureConfig) -> StudentTokens:
-    """Puts each candidate's real position into its F_POS column (StudentConfig.position_input).
-    The candidates of student_tokens are the sample's valid targets, the newest ones if cut."""
-    n = len(t.cand_ts)
-    idx = np.flatnonzero(valid_targets(s))
-    idx = idx[len(idx) - n:]
-    assert np.array_equal(s.impression_id[idx], t.targets.impression_id), "candidates are not the sample's targets"
-    feats = t.cand_feats.copy()
-    feats[:, F_POS] = np.clip(s.position[idx], 0, fc.max_position)
-    return replace(t, cand_feats=feats)

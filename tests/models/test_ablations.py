@@ -1,38 +1,51 @@
-"""The ablation switches of the quality report (StudentConfig.use_history, position_input)."""
+"""The quality report's ablations of the student (benchmarks/quality_suite/ablations.py): subclasses of the
+served config and model that change their tokens and forward; the served Student is left alone."""
 import numpy as np
 import pytest
 import torch
 
+from benchmarks.quality_suite.ablations import (NoHistoryConfig, NoHistoryStudent, PositionInputConfig,
+                                                PositionInputStudent, ablated)
+from deploy.onnx_export import RequestScorer
 from mt_util import tiny_student
-from models.data import F_POS, F_TYPE, TT_CANDIDATE, PackedLoader, collate, iter_samples, tokenizer_for
+from models.data import F_POS, F_TYPE, TT_CANDIDATE, PackedLoader, collate, iter_samples
 from models.student import Student
-from models.train import evaluate, load_model, predict, save_model, train_student
+from models.train import evaluate, fit_with_holdout, predict
 
 
-def _batch(samples_dir, cfg, budget=400):
-    return collate(next(iter(PackedLoader(samples_dir, "student", cfg, budget, seed=None))))
+def no_history(**kw) -> NoHistoryConfig:
+    return ablated(tiny_student(), NoHistoryConfig, **kw)
+
+
+def position_input(**kw) -> PositionInputConfig:
+    return ablated(tiny_student(), PositionInputConfig, **kw)
 
 
 def _model(cfg) -> Student:
     torch.manual_seed(0)
-    return Student(cfg).eval()
+    return (cfg.build() if hasattr(cfg, "build") else Student(cfg)).eval()
 
 
-def test_defaults_leave_the_model_and_its_tokens_unchanged(samples_dir):
+def _batch(samples_dir, cfg, budget=400):
+    return collate(next(iter(PackedLoader(samples_dir, "student", cfg, budget, seed=None,
+                                          tokenizer=_model(cfg).tokenizer()))))
+
+
+def test_ablations_add_no_parameters_and_leave_the_served_tokens_alone(samples_dir):
     cfg = tiny_student()
-    assert cfg.use_history and not cfg.position_input
-    # no extra parameters, same initialisation as before the switches existed
-    a, b = _model(cfg).state_dict(), _model(tiny_student(use_history=False, position_input=True)).state_dict()
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert type(_model(no_history())) is NoHistoryStudent and type(_model(position_input())) is PositionInputStudent
+    # no extra parameters, the same initialisation as the served student
+    for ablation in (no_history(), position_input()):
+        a, b = _model(cfg).state_dict(), _model(ablation).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     batch = _batch(samples_dir, cfg)
     assert bool((batch.tensors["cand_feats"][:, F_POS] == 0).all())  # the scored impression's position is no input
     assert int(batch.tensors["hist_len"].sum()) > 0
 
 
 def test_no_history_tokens_hold_only_the_candidates(samples_dir):
-    cfg = tiny_student(use_history=False)
-    full = tiny_student()
-    tok, tok_full = tokenizer_for("student", cfg), tokenizer_for("student", full)
+    cfg = no_history()
+    tok, tok_full = _model(cfg).tokenizer(), _model(tiny_student()).tokenizer()
     for s in iter_samples(samples_dir, cfg.features):
         t, f = tok(s, 10_000), tok_full(s, 10_000)
         assert t.n_groups == 0 and t.n_events == 0 and len(t.ev_feats) == 0 and len(t.ev_group) == 0
@@ -41,10 +54,10 @@ def test_no_history_tokens_hold_only_the_candidates(samples_dir):
 
 
 def test_no_history_keeps_the_counters_only_when_asked(samples_dir):
-    """counters_without_history: no history tokens, but the candidates keep the full model's cross features."""
-    full = tokenizer_for("student", tiny_student())
-    bare = tokenizer_for("student", tiny_student(use_history=False))
-    dlrm = tokenizer_for("student", tiny_student(use_history=False, counters_without_history=True))
+    """keep_counters: no history tokens, but the candidates keep the full model's cross features."""
+    full = _model(tiny_student()).tokenizer()
+    bare = _model(no_history()).tokenizer()
+    dlrm = _model(no_history(keep_counters=True)).tokenizer()
     counted = 0
     for s in iter_samples(samples_dir, tiny_student().features):
         f, b, d = full(s, 10_000), bare(s, 10_000), dlrm(s, 10_000)
@@ -55,7 +68,7 @@ def test_no_history_keeps_the_counters_only_when_asked(samples_dir):
 
 
 def test_no_history_model_ignores_any_history_it_is_given(samples_dir):
-    cfg = tiny_student(use_history=False)
+    cfg = no_history()
     model = _model(cfg)
     with_hist = _batch(samples_dir, tiny_student())  # tokens that do carry history
     without = _batch(samples_dir, cfg)
@@ -81,8 +94,8 @@ def test_no_history_model_ignores_any_history_it_is_given(samples_dir):
 
 
 def test_position_input_tokens_carry_the_real_position(samples_dir):
-    cfg = tiny_student(position_input=True)
-    tok = tokenizer_for("student", cfg)
+    cfg = position_input()
+    tok = _model(cfg).tokenizer()
     n = 0
     for s in iter_samples(samples_dir, cfg.features):
         t = tok(s, 10_000)
@@ -97,20 +110,18 @@ def test_position_input_tokens_carry_the_real_position(samples_dir):
 
 
 def test_position_input_uses_the_real_position_in_training_and_the_default_at_serving(samples_dir):
-    cfg = tiny_student(position_input=True, serving_position=2, backbone=dict(n_buckets=1))
+    cfg = position_input(serving_position=2, backbone=tiny_student(backbone=dict(n_buckets=1)).backbone)
     model = _model(cfg)
     b = _batch(samples_dir, cfg)
-    pos = b.tensors["cand_feats"][:, F_POS]
+    pos = b.tensors["cand_feats"][:, F_POS].clone()
     assert bool((pos > 0).all()) and len(set(pos.tolist())) > 1
-    f_train, f_serve = model.candidate_feats(b, serving=False), model.candidate_feats(b, serving=True)
-    assert torch.equal(f_train, b.tensors["cand_feats"])
-    assert bool((f_serve[:, F_POS] == 2).all())
-    assert torch.equal(b.tensors["cand_feats"][:, F_POS], pos)  # the batch itself is left alone
     # serving output = the output with every candidate put at the default slot
     t = dict(b.tensors)
-    t["cand_feats"] = f_serve
+    t["cand_feats"] = b.tensors["cand_feats"].clone()
+    t["cand_feats"][:, F_POS] = 2
     with torch.no_grad():
         out = model(b)["logits"]
+        assert torch.equal(b.tensors["cand_feats"][:, F_POS], pos)  # the batch itself is left alone
         same = model(type(b)(b.kind, b.targets, b.n_events, t))["logits"]
         assert out.shape[1] == 1 and torch.allclose(out, same, atol=1e-6)
         # in training the position changes the score (it is an input)
@@ -122,21 +133,23 @@ def test_position_input_uses_the_real_position_in_training_and_the_default_at_se
                                   rtol=0, atol=1e-7)
 
 
-def test_ablated_students_train_predict_and_round_trip(samples_dir, tmp_path):
+def test_ablated_students_train_and_predict_through_their_own_tokens(samples_dir):
     from models.config import TrainConfig
     tc = TrainConfig(lr=3e-3, token_budget=400, epochs=10, max_steps=3, log_every=1000, warmup_steps=1, seed=0,
                      device="cpu")
-    for i, cfg in enumerate((tiny_student(use_history=False), tiny_student(position_input=True,
-                                                                           backbone=dict(n_buckets=1)))):
-        res = train_student(samples_dir, None, cfg, tc)
-        assert res.step == 3 and all(np.isfinite(h["loss"]) for h in res.history)
-        p = predict(res.model, samples_dir)
-        path = save_model(res.model, str(tmp_path / f"m{i}.pt"))
-        back = load_model(path)
-        assert back.cfg.use_history == cfg.use_history and back.cfg.position_input == cfg.position_input
-        assert np.allclose(predict(back, samples_dir)["p"], p["p"], atol=1e-6)
+    for cfg in (no_history(), position_input(backbone=tiny_student(backbone=dict(n_buckets=1)).backbone)):
+        torch.manual_seed(0)
+        res = fit_with_holdout(cfg.build(), samples_dir, tc)
+        assert type(res.model) is type(_model(cfg)) and res.step == 3
+        assert all(np.isfinite(h["loss"]) for h in res.history)
+        p = predict(res.model, samples_dir, with_labels=True)
+        assert len(p) > 0 and np.isfinite(p["p"]).all()
     m = evaluate(res.model, samples_dir)
-    scored = predict(res.model, samples_dir, with_labels=True)
-    bucket0 = scored[scored["position_bucket"] == 0]
+    bucket0 = p[p["position_bucket"] == 0]
     assert m["n"] == len(p)
     assert m["bucket0_calibration"] == pytest.approx(bucket0["p"].mean() / bucket0["label"].mean())
+
+
+def test_an_ablated_student_is_refused_by_the_onnx_export():
+    with pytest.raises(ValueError, match="not the served Student"):
+        RequestScorer(_model(no_history()))
