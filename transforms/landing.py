@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -119,11 +120,15 @@ def write_day(root: str | os.PathLike, day: dt.date | str, lines: dict[str, Iter
         for kind in FILE_KINDS:
             name = f"{kind}-00000.jsonl.gz"
             n = 0
-            # mtime=0 keeps the gzip bytes a pure function of the content (deterministic output).
-            with open(staging / name, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
-                for line in lines.get(kind, ()):
-                    gz.write(line.encode("utf-8") + b"\n")
-                    n += 1
+            # mtime=0 keeps the gzip bytes a pure function of the content (deterministic output); level 6 is zlib's
+            # and gzip(1)'s default: 9 (GzipFile's) took 2.6x the time for files 11 % smaller (simulated days)
+            with open(staging / name, "wb") as raw, \
+                    gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
+                # a compress call per line was most of a write's time; batches give the same bytes
+                remaining = iter(lines.get(kind, ()))
+                while batch := list(itertools.islice(remaining, 4096)):
+                    gz.write(("\n".join(batch) + "\n").encode("utf-8"))
+                    n += len(batch)
             counts[name] = n
         (staging / SUCCESS_MARKER).write_text(json.dumps({"day": _iso(day), "files": counts}, sort_keys=True))
     return final

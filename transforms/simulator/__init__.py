@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from transforms import landing
-from contracts import layout
+from contracts import DAY_MS, layout
 from transforms.atomic import staged_dir, staged_file
 from transforms.simulator import defects
 from transforms.simulator.users import simulate_user
@@ -195,12 +195,11 @@ def oracle_aucs(oracle_df: pd.DataFrame) -> tuple[float, float]:
 
 
 def _write_oracle(out: Path, oracle_df: pd.DataFrame) -> None:
-    oracle_df = oracle_df.assign(date=pd.to_datetime(oracle_df["ts_ms"], unit="ms", utc=True).dt.strftime("%Y-%m-%d"))
     with staged_dir(out / "simulator" / "oracle") as staging:
-        for day, part in oracle_df.groupby("date", sort=True):
-            target = layout.day_dir(staging, day)
+        for day_number, part in oracle_df.groupby(oracle_df["ts_ms"] // DAY_MS, sort=True):   # UTC days
+            target = layout.day_dir(staging, landing.day_of_ms(int(day_number) * DAY_MS).isoformat())
             target.mkdir()
-            part.drop(columns="date").to_parquet(target / "oracle.parquet", index=False)
+            part.to_parquet(target / "oracle.parquet", index=False)
 
 
 def _write_manifest(out: Path, cfg: WorldConfig, report: SimulationReport, files: dict) -> None:

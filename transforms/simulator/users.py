@@ -28,6 +28,27 @@ HOUR_P = 1.0 + 0.8 * np.cos((_HOURS - 20) / 24 * 2 * np.pi)
 HOUR_P = HOUR_P / HOUR_P.sum()
 
 
+def _cdf(p) -> np.ndarray:
+    """The cumulative distribution numpy's Generator.choice(n, p=p) builds on every call."""
+    cdf = np.asarray(p, dtype=float).cumsum()
+    cdf /= cdf[-1]
+    return cdf
+
+
+def _draw(rng: np.random.Generator, cdf: np.ndarray, size=None):
+    """What ``rng.choice(len(cdf), size, p=p)`` draws, from the same random numbers (so the world of a seed is
+    unchanged), without the validation and cumulative sum that made choice most of the simulator's time."""
+    return cdf.searchsorted(rng.random(size), side="right")
+
+
+def _pick(rng: np.random.Generator, values: np.ndarray, size=None):
+    """``rng.choice(values, size)`` (uniform, with replacement), from the same random numbers."""
+    return values[rng.integers(0, len(values), size)]
+
+
+HOUR_CDF, SURFACE_CDF, ACTION_CDF = _cdf(HOUR_P), _cdf(SURFACE_P), _cdf(ACTION_PROBS)
+
+
 @dataclass
 class UserStream:
     impressions: list[dict] = field(default_factory=list)
@@ -62,25 +83,28 @@ class _Memory:
         self.brand_id.append(brand)
         self.brand_w.append(weight)
 
-    def session_term(self, now: int, categories: np.ndarray, decay_ms: float, min_age_ms: int) -> np.ndarray:
-        if not self.recent_ts:
-            return np.zeros(len(categories))
-        ts = np.asarray(self.recent_ts)
-        age = now - ts
-        keep = (age >= max(min_age_ms, 1)) & (age <= SESSION_MEMORY_MS)
+    def session_terms(self, now: int, categories: np.ndarray, decay_ms: float) -> tuple[np.ndarray, np.ndarray]:
+        """The session term with full information and at serving (nothing newer than SERVING_DELAY_MS)."""
+        ts, cats = np.asarray(self.recent_ts), np.asarray(self.recent_cat)
+        return tuple(self._session_term(now - ts, cats, categories, decay_ms, min_age)
+                     for min_age in (1, SERVING_DELAY_MS))
+
+    @staticmethod
+    def _session_term(age, cats, categories, decay_ms, min_age_ms) -> np.ndarray:
+        keep = (age >= min_age_ms) & (age <= SESSION_MEMORY_MS)
         if not keep.any():
             return np.zeros(len(categories))
         w = np.exp(-age[keep] / decay_ms)
-        cats = np.asarray(self.recent_cat)[keep]
-        return (cats[None, :] == categories[:, None]) @ w
+        return (cats[keep][None, :] == categories[:, None]) @ w
 
-    def brand_term(self, now: int, brands: np.ndarray, half_life_ms: float, min_age_ms: int) -> np.ndarray:
+    def brand_terms(self, now: int, brands: np.ndarray, half_life_ms: float) -> tuple[np.ndarray, np.ndarray]:
+        """The long-range brand term with full information and at serving."""
         if not self.brand_ts:
-            return np.zeros(len(brands))
+            return np.zeros(len(brands)), np.zeros(len(brands))
         age = now - np.asarray(self.brand_ts)
-        keep = age >= max(min_age_ms, 1)
-        w = np.where(keep, np.asarray(self.brand_w) * np.power(0.5, age / half_life_ms), 0.0)
-        return (np.asarray(self.brand_id)[None, :] == brands[:, None]) @ w
+        decayed = np.asarray(self.brand_w) * np.power(0.5, age / half_life_ms)
+        same = np.asarray(self.brand_id)[None, :] == brands[:, None]
+        return tuple(same @ np.where(age >= min_age, decayed, 0.0) for min_age in (1, SERVING_DELAY_MS))
 
 
 def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserStream:
@@ -88,6 +112,7 @@ def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserS
     st = cfg.strengths
     n_cat = cfg.n_categories
     interest = rng.dirichlet(np.full(n_cat, cfg.interest_concentration))
+    interest_cdf = _cdf(interest)
     log_interest = np.clip(np.log(n_cat * interest + 1e-3), -3.0, 2.0)
     sigma = cfg.activity_sigma
     rate = cfg.sessions_per_day * rng.lognormal(-sigma * sigma / 2, sigma)
@@ -96,6 +121,7 @@ def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserS
     mem = _Memory()
     decay_ms = st.session_decay_min * 60_000
     half_life_ms = st.long_range_half_life_days * DAY_MS
+    pool_cdfs = {after: _cdf(cat.ad_pool(after)[0]) for after in (False, True)}
     request_no = 0
     last_item = -1
     for day in range(cfg.n_days):
@@ -104,13 +130,13 @@ def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserS
         after_shift = cfg.shift_day is not None and date >= cfg.shift_day
         day_end = day_start + DAY_MS
         n_sessions = int(rng.poisson(rate))
-        hours = np.sort(rng.choice(24, size=n_sessions, p=HOUR_P))
+        hours = np.sort(_draw(rng, HOUR_CDF, n_sessions))
         next_free = day_start
         for h in hours:
             start = max(day_start + int(h) * HOUR_MS + int(rng.integers(HOUR_MS)), next_free)
-            session_cat = int(rng.choice(n_cat, p=interest)) if rng.random() < 0.85 else int(rng.integers(n_cat))
+            session_cat = int(_draw(rng, interest_cdf)) if rng.random() < 0.85 else int(rng.integers(n_cat))
             if after_shift and rng.random() < SHIFT.trend_share:  # drawn only after the shift: earlier days stay
-                session_cat = int(rng.choice(cat.shifted.trending))
+                session_cat = int(_pick(rng, cat.shifted.trending))
             n_events = 1 + int(rng.poisson(cfg.events_per_session - 1))
             ts = start
             for _ in range(n_events):
@@ -120,9 +146,10 @@ def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserS
                 if rng.random() < cfg.ad_request_share:
                     request_no += 1
                     _ad_request(cfg, cat, rng, out, mem, user, device, request_no, ts, session_cat,
-                                log_interest, decay_ms, half_life_ms, after_shift)
+                                log_interest, decay_ms, half_life_ms, pool_cdfs[after_shift], after_shift)
                 else:
-                    last_item = _behavior(cat, rng, out, mem, user, ts, session_cat, interest, last_item, st.repeat)
+                    last_item = _behavior(cat, rng, out, mem, user, ts, session_cat, interest_cdf, last_item,
+                                          st.repeat)
             next_free = ts + 60_000
     return out
 
@@ -135,24 +162,23 @@ def _date(start: str, offset: int) -> str:
 
 def _ad_request(cfg, cat: Catalog, rng, out: UserStream, mem: _Memory, user: int, device: str,
                 request_no: int, ts: int, session_cat: int, log_interest, decay_ms, half_life_ms,
-                after_shift: bool) -> None:
+                popularity_cdf: np.ndarray, after_shift: bool) -> None:
     st = cfg.strengths
-    surface = SURFACES[int(rng.choice(len(SURFACES), p=SURFACE_P))]
+    surface = SURFACES[int(_draw(rng, SURFACE_CDF))]
     slots = SURFACE_SLOTS[surface]
-    popularity, by_category = cat.ad_pool(after_shift)
-    pool = by_category[session_cat]
+    pool = cat.ad_pool(after_shift)[1][session_cat]
     targeted = rng.random(slots) < cfg.targeting
-    ads = rng.choice(len(popularity), size=slots, p=popularity)
+    ads = _draw(rng, popularity_cdf, slots)
     if pool.size:
-        ads = np.where(targeted, rng.choice(pool, size=slots), ads)
+        ads = np.where(targeted, _pick(rng, pool, slots), ads)
     ad_cat = cat.ad_category[ads]
     ad_brand = cat.ad_brand[ads]
     base = cfg.bias_logit + cat.ad_quality[ads] + st.long_term * log_interest[ad_cat]
     # log1p saturates both memories: the tenth same-category view adds little over the third.
-    full = base + st.session * np.log1p(mem.session_term(ts, ad_cat, decay_ms, 0)) \
-        + st.long_range * np.log1p(mem.brand_term(ts, ad_brand, half_life_ms, 0))
-    serving = base + st.session * np.log1p(mem.session_term(ts, ad_cat, decay_ms, SERVING_DELAY_MS)) \
-        + st.long_range * np.log1p(mem.brand_term(ts, ad_brand, half_life_ms, SERVING_DELAY_MS))
+    (session, session_served), (brand, brand_served) = (mem.session_terms(ts, ad_cat, decay_ms),
+                                                        mem.brand_terms(ts, ad_brand, half_life_ms))
+    full = base + st.session * np.log1p(session) + st.long_range * np.log1p(brand)
+    serving = base + st.session * np.log1p(session_served) + st.long_range * np.log1p(brand_served)
     exam = cat.examination[surface][:slots]
     p_rel = _sigmoid(full)
     p_click = exam * p_rel
@@ -174,7 +200,7 @@ def _ad_request(cfg, cat: Catalog, rng, out: UserStream, mem: _Memory, user: int
             click_ts = ts + 2_000 + min(int(rng.exponential(40_000)), 30 * 60_000 - 2_000)
             # Relevance drives the click type and dwell: relevant ads get carted and read longer.
             rel = float(p_rel[k])
-            kind = rng.choice(3, p=_click_type_p(rel))
+            kind = int(_draw(rng, _cdf(_click_type_p(rel))))
             dwell = None if rng.random() < 0.1 else int(rng.lognormal(math.log(4_000) + 2.0 * rel, 0.6))
             out.clicks.append({
                 "impression_id": impression_id, "request_id": request_id, "user_id": user, "ad_id": ad,
@@ -190,13 +216,13 @@ def _click_type_p(rel: float) -> np.ndarray:
 
 
 def _behavior(cat: Catalog, rng, out: UserStream, mem: _Memory, user: int, ts: int, session_cat: int,
-              interest, last_item: int, repeat: float) -> int:
+              interest_cdf: np.ndarray, last_item: int, repeat: float) -> int:
     if last_item >= 0 and rng.random() < repeat:
         item = last_item
     else:
-        pool = cat.items_by_category[session_cat if rng.random() < 0.8 else int(rng.choice(len(interest), p=interest))]
-        item = int(rng.choice(pool)) if pool.size else int(rng.integers(len(cat.item_category)))
-    action = ACTIONS[int(rng.choice(4, p=ACTION_PROBS))]
+        pool = cat.items_by_category[session_cat if rng.random() < 0.8 else int(_draw(rng, interest_cdf))]
+        item = int(_pick(rng, pool)) if pool.size else int(rng.integers(len(cat.item_category)))
+    action = ACTIONS[int(_draw(rng, ACTION_CDF))]
     category = int(cat.item_category[item])
     brand = int(cat.item_brand[item])
     out.behaviors.append({"user_id": user, "ts_ms": ts, "item_id": item, "category_id": category,
