@@ -72,12 +72,14 @@ from benchmarks.quality_suite.oracle import evidence_oracle, oracle_rows  # noqa
 from benchmarks.quality_suite.report import table  # noqa: E402
 from benchmarks.quality_suite.runs import run_seed  # noqa: E402
 from benchmarks.quality_suite.variants import ABLATIONS, DAILY, LEVERS, Recipe, student_variant  # noqa: E402
-from benchmarks.quality_suite.worlds import WORLDS, World, prepare_imported, prepare_simulated  # noqa: E402
+from benchmarks.quality_suite.worlds import (SEQUENCE_WORLDS, WORLDS, World, prepare_imported,  # noqa: E402
+                                             prepare_simulated)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--worlds", default=",".join(WORLDS), help=f"comma-separated, of {', '.join(WORLDS)} (default all)")
+    p.add_argument("--worlds", default=",".join(WORLDS),
+                   help=f"comma-separated, of {', '.join({**WORLDS, **SEQUENCE_WORLDS})} (default {', '.join(WORLDS)})")
     p.add_argument("--seeds", type=int, default=None, help="training seeds 0..N-1 (default 3; --quick 1)")
     p.add_argument("--days", type=int, default=None, help="use only the first N simulated days (default all)")
     p.add_argument("--eval-days", type=int, default=1, help="last days, evaluated out of time (default 1)")
@@ -183,7 +185,7 @@ def main(argv=None) -> int:
     print(header, flush=True)
     worlds = []
     if not (a.movielens_only or a.mind_only):
-        specs = {"tiny": {"preset": "tiny", "seed": 0}} if q else WORLDS
+        specs = {"tiny": {"preset": "tiny", "seed": 0}} if q else {**WORLDS, **SEQUENCE_WORLDS}
         for name in (["tiny"] if q else a.worlds.split(",")):
             if name not in specs:
                 p.error(f"--worlds: unknown world {name!r} (one of {', '.join(specs)})")

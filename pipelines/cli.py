@@ -201,12 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("simulate", help="write a simulated world's landing zone, oracle and defect manifest")
-    p.add_argument("--preset", default="demo", help="tiny | demo | large (default demo)")
+    p.add_argument("--preset", default="demo", help="tiny | demo | sequence | large (default demo)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=home, help="data root to write into (default GENRANK_HOME)")
     p.add_argument("--strengths", default=None,
                    help="click-logit effects, NAME=VALUE,... over long_term, session, session_decay_min, long_range, "
-                        "long_range_half_life_days, quality, position_bias, repeat (e.g. session=1.5,long_range=2)")
+                        "long_range_half_life_days, quality, position_bias, repeat, complement, "
+                        "complement_half_life_hours, abandonment, abandonment_half_life_hours (e.g. "
+                        "session=1.5,complement=1); 0 turns an effect off")
     p.add_argument("--users", type=int, default=None, help="number of users (default: the preset's)")
     p.add_argument("--days", type=int, default=None, help="number of days (default: the preset's)")
     p.add_argument("--bias-logit", type=float, default=None,

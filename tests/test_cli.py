@@ -36,6 +36,13 @@ def test_simulate_refuses_an_unknown_effect_or_a_bad_value(tmp_path, capsys):
     assert main(["simulate", "--preset", "tiny", "--strengths", "session=high", "--out", str(tmp_path)]) == 2
     assert "session='high'" in capsys.readouterr().err
     assert main(["simulate", "--preset", "tiny", "--users", "0", "--out", str(tmp_path)]) == 2
+    # a value out of its effect's range is named, and nothing is written
+    assert main(["simulate", "--preset", "tiny", "--strengths", "complement=-1", "--out", str(tmp_path)]) == 2
+    assert "complement=-1.0" in capsys.readouterr().err
+    assert main(["simulate", "--preset", "tiny", "--strengths", "abandonment_half_life_hours=0", "--out",
+                 str(tmp_path)]) == 2
+    assert "abandonment_half_life_hours=0.0: a decay or half-life must be > 0" in capsys.readouterr().err
+    assert not (tmp_path / "landing").exists()
 
 
 def test_unknown_preset_exits_2_naming_it(tmp_path, capsys):

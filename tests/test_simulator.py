@@ -17,7 +17,7 @@ import contracts
 from tests.conftest import SHARED_DATA
 from transforms import landing
 from transforms.simulator import SimulationError, resolve_config, simulate
-from transforms.simulator.world import OBD_SLOT_CTR, Strengths
+from transforms.simulator.world import OBD_SLOT_CTR, Strengths, complement_map
 
 
 def _tree_digest(root: Path) -> str:
@@ -161,6 +161,56 @@ def test_serving_oracle_differs_only_through_recent_events(tmp_path):
     np.testing.assert_allclose(oracle["p_click"], oracle["p_click_serving"], rtol=0, atol=0)
 
 
+def test_the_complement_term_counts_the_events_of_the_category_that_leads_to_the_ads():
+    """Organic events lift an ad when their category's complement is the ad's category, never their own one;
+    at serving the last hour is unseen."""
+    from transforms.simulator.users import HOUR_MS, _Memory
+
+    complement = complement_map(6, seed=0)
+    assert sorted(complement) == list(range(6)) and all(complement[c] != c for c in range(6))
+    a = 2
+    b = next(c for c in range(6) if c != a and complement[c] not in (a, complement[a]))
+    other = next(c for c in range(6) if c not in (complement[a], complement[b]))
+    mem = _Memory()
+    mem.add_organic(0, a)
+    mem.add_organic(5 * HOUR_MS - 60_000, a)   # a minute before the request: unseen at serving
+    mem.add_organic(0, b)
+    ads = np.array([complement[a], a, complement[b], other])
+    full, served = mem.complement_terms(5 * HOUR_MS, ads, complement, half_life_ms=5 * HOUR_MS)
+    np.testing.assert_allclose(full, [0.5 + 0.5 ** (1 / 300), 0.0, 0.5, 0.0])
+    np.testing.assert_allclose(served, [0.5, 0.0, 0.5, 0.0])
+
+
+def test_the_abandonment_term_follows_the_order_of_a_brands_carts_and_buys():
+    from transforms.simulator.users import HOUR_MS, _Memory
+
+    mem = _Memory()
+    mem.add_brand(0, 7, 1.0, +1)                  # brand 7: cart, then buy -> the buy is the newest: -
+    mem.add_brand(HOUR_MS, 7, 1.5, -1)
+    mem.add_brand(0, 8, 1.5, -1)                  # brand 8: buy, then cart -> +
+    mem.add_brand(HOUR_MS, 8, 1.0, +1)
+    mem.add_brand(2 * HOUR_MS, 8, 0.6, 0)         # a fav changes nothing
+    mem.add_brand(3 * HOUR_MS - 1, 9, 1.0, +1)    # brand 9: a cart a millisecond ago, unseen at serving
+    full, served = mem.abandonment_terms(3 * HOUR_MS, np.array([7, 8, 9, 10]), half_life_ms=2 * HOUR_MS)
+    np.testing.assert_allclose(full, [-0.5, 0.5, 0.5 ** (1 / (2 * HOUR_MS)), 0.0])
+    np.testing.assert_allclose(served, [-0.5, 0.5, 0.0, 0.0])
+
+
+def test_each_effect_that_is_on_takes_its_share_of_the_oracles_auc(tmp_path):
+    """The `sequence` preset's two effects, on a small world: each is a visible part of the oracle's ranking (the
+    share simulate reports); off (the additive worlds) they are not reported and change no draw (the frozen
+    digest above)."""
+    cfg = dataclasses.replace(resolve_config("sequence"), n_users=120, n_days=4)
+    report = simulate(config=cfg, preset="sequence", seed=0, out=tmp_path / "sequence")
+    assert set(report.effect_shares) == {"long_term", "session", "long_range", "complement", "abandonment"}
+    assert report.effect_shares["complement"] > 0.01 and report.effect_shares["abandonment"] > 0.005, report.effect_shares
+    assert "complement -0.0" in report.summary()
+    additive = simulate(config=dataclasses.replace(cfg, strengths=Strengths()), preset="demo", seed=0,
+                        out=tmp_path / "additive")
+    assert set(additive.effect_shares) == {"long_term", "session", "long_range"}
+    assert all(share > 0 for share in additive.effect_shares.values()), additive.effect_shares
+
+
 def test_position_bias_follows_obd_shape(tmp_path):
     cfg = dataclasses.replace(resolve_config("demo"), n_users=120, n_days=4)
     simulate(config=cfg, preset="demo", seed=0, out=tmp_path)
@@ -209,7 +259,7 @@ def test_obd_position_shape_recomputed_from_real_data():
 
 
 def test_unknown_preset_is_named(tmp_path):
-    with pytest.raises(SimulationError, match="'huge'.*tiny, demo, large"):
+    with pytest.raises(SimulationError, match="'huge'.*tiny, demo, sequence, large"):
         simulate(preset="huge", out=tmp_path)
 
 

@@ -45,6 +45,17 @@ WORLDS: dict[str, dict] = {
     "item-heavy": {"preset": "demo", "seed": 2, "strengths": "session=0.5,long_range=0.6,quality=0.9",
                    "users": 250, "days": 5, "bias_logit": -2.0},
 }
+# Issue #33's worlds, where order and identity matter: the `sequence` preset (the demo's sizes with the complement
+# and abandonment effects, world.py) and two others, chosen before any model ran on them: "complement-heavy"
+# leans on the cross-category transitions, "order-heavy" on the order of a brand's carts and buys. Not in the
+# default --worlds: each costs as much as a world above (`--worlds sequence,complement-heavy,order-heavy`).
+SEQUENCE_WORLDS: dict[str, dict] = {
+    "sequence": {"preset": "sequence", "seed": 0},
+    "complement-heavy": {"preset": "sequence", "seed": 1, "strengths": "complement=1.5,abandonment=1",
+                         "users": 250, "days": 6},
+    "order-heavy": {"preset": "sequence", "seed": 2, "strengths": "complement=0.6,abandonment=3",
+                    "users": 250, "days": 6},
+}
 
 
 def world_spec_text(spec: dict) -> str:

@@ -30,7 +30,7 @@ from transforms import landing
 from contracts import DAY_MS, layout
 from transforms.atomic import staged_dir, staged_file
 from transforms.simulator import defects
-from transforms.simulator.users import simulate_user
+from transforms.simulator.users import EFFECTS, simulate_user
 from transforms.simulator.world import PRESETS, Catalog, WorldConfig
 
 ORACLE_COLUMNS = ("impression_id", "request_id", "user_id", "ts_ms", "ad_id", "surface", "position",
@@ -56,6 +56,9 @@ class SimulationReport:
     oracle_auc_serving: float
     seconds: float
     out: Path
+    # the full-information oracle's AUC minus its AUC with one effect's term taken out of the click logit, for
+    # each effect that is on: how much of the ranking each effect makes
+    effect_shares: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def ctr(self) -> float:
@@ -71,6 +74,8 @@ class SimulationReport:
             f"  behaviors   {self.behaviors:,}",
             "  defects     " + ", ".join(f"{k}={v:,}" for k, v in self.defects.items() if k != "lines"),
             f"  oracle AUC  {self.oracle_auc:.4f} (full information), {self.oracle_auc_serving:.4f} (serving: nothing newer than 1 h)",
+            "  effects     the oracle's AUC without each: "
+            + ", ".join(f"{name} -{share:.4f}" for name, share in self.effect_shares.items()),
             f"  took        {self.seconds:.1f} s",
         ]
         return "\n".join(lines)
@@ -108,6 +113,7 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
 
     per_day: dict[str, dict[str, list[dict]]] = {d: {k: [] for k in landing.FILE_KINDS} for d in days}
     oracle: list[tuple] = []
+    effects: list[np.ndarray] = []
     impression_day: dict[str, str] = {}
     for user in range(1, cfg.n_users + 1):
         stream = simulate_user(cfg, catalog, seed, user)
@@ -120,6 +126,7 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
         for rec in stream.clicks:
             per_day.setdefault(landing.day_of_ms(rec["ts_ms"]).isoformat(), {k: [] for k in landing.FILE_KINDS})["clicks"].append(rec)
         oracle.extend(stream.oracle)
+        effects.extend(stream.effects)
 
     rates = cfg.defects
     rng = np.random.default_rng([seed, 2])
@@ -170,12 +177,15 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
     oracle_df["logged"] = ~oracle_df["impression_id"].isin(destroyed_impressions)
     _write_oracle(out, oracle_df)
     auc_full, auc_serving = oracle_aucs(oracle_df)
+    on = [name for name in EFFECTS if getattr(cfg.strengths, name)]
+    shares = effect_shares(np.concatenate(effects) if effects else np.zeros((0, 2 + len(EFFECTS))),
+                           oracle_df["clicked"].to_numpy(), on)
     totals = defects.manifest_totals(files)
     report = SimulationReport(
         preset=preset, seed=seed, days=days, users=cfg.n_users, impressions=len(oracle_df),
         clicks=int(oracle_df["clicked"].sum()), behaviors=sum(len(per_day[d]["behaviors"]) for d in days),
         defects=totals, clicks_beyond_range=clicks_beyond_range, oracle_auc=auc_full,
-        oracle_auc_serving=auc_serving, seconds=time.perf_counter() - started, out=out,
+        oracle_auc_serving=auc_serving, seconds=time.perf_counter() - started, out=out, effect_shares=shares,
     )
     _write_manifest(out, cfg, report, files)
     return report
@@ -192,6 +202,19 @@ def oracle_aucs(oracle_df: pd.DataFrame) -> tuple[float, float]:
     if y.min() == y.max():
         return float("nan"), float("nan")
     return float(roc_auc_score(y, oracle_df["p_click"])), float(roc_auc_score(y, oracle_df["p_click_serving"]))
+
+
+def effect_shares(effects: np.ndarray, clicked: np.ndarray, names: list[str]) -> dict[str, float]:
+    """For each named effect, the oracle's AUC minus its AUC without that effect's term. ``effects``: a row per
+    impression of UserStream.effects (examination, full logit, each of EFFECTS' terms)."""
+    from sklearn.metrics import roc_auc_score
+
+    if clicked.min(initial=0) == clicked.max(initial=0):
+        return {name: float("nan") for name in names}
+    exam, logit = effects[:, 0], effects[:, 1]
+    auc = roc_auc_score(clicked, exam / (1 + np.exp(-logit)))
+    return {name: float(auc - roc_auc_score(clicked, exam / (1 + np.exp(-(logit - effects[:, 2 + EFFECTS.index(name)])))))
+            for name in names}
 
 
 def _write_oracle(out: Path, oracle_df: pd.DataFrame) -> None:
@@ -220,7 +243,7 @@ def _write_manifest(out: Path, cfg: WorldConfig, report: SimulationReport, files
         "summary": {
             "users": report.users, "impressions": report.impressions, "clicks": report.clicks,
             "behaviors": report.behaviors, "oracle_auc": report.oracle_auc,
-            "oracle_auc_serving": report.oracle_auc_serving,
+            "oracle_auc_serving": report.oracle_auc_serving, "effect_shares": report.effect_shares,
         },
     }
     with staged_file(path) as tmp:

@@ -20,6 +20,7 @@ SERVING_DELAY_MS = HOUR_MS  # the serving oracle sees nothing newer than this
 SESSION_MEMORY_MS = 3 * HOUR_MS
 ACTION_PROBS = (0.84, 0.07, 0.06, 0.03)  # in contracts.ACTIONS order: view, cart, fav, buy
 MEMORY_WEIGHT = {"fav": 0.6, "cart": 1.0, "buy": 1.5}
+BRAND_ACT = {"cart": 1, "buy": -1}   # the abandonment term: a cart not (yet) followed by a buy lifts the brand
 SURFACES = tuple(SURFACE_SHARE)
 SURFACE_P = np.array([SURFACE_SHARE[s] for s in SURFACES])
 # Activity by hour of day (UTC): an evening peak, a night trough.
@@ -49,12 +50,19 @@ def _pick(rng: np.random.Generator, values: np.ndarray, size=None):
 HOUR_CDF, SURFACE_CDF, ACTION_CDF = _cdf(HOUR_P), _cdf(SURFACE_P), _cdf(ACTION_PROBS)
 
 
+# The click logit's user-dependent terms (world.py), in the order of an impression's row of UserStream.effects
+EFFECTS = ("long_term", "session", "long_range", "complement", "abandonment")
+
+
 @dataclass
 class UserStream:
     impressions: list[dict] = field(default_factory=list)
     clicks: list[dict] = field(default_factory=list)
     behaviors: list[dict] = field(default_factory=list)
     oracle: list[tuple] = field(default_factory=list)
+    # per request, a row per impression: examination, the full-information logit, then each of EFFECTS' terms in
+    # it (what the oracle's AUC loses without one effect: SimulationReport.effect_shares)
+    effects: list[np.ndarray] = field(default_factory=list)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -70,6 +78,9 @@ class _Memory:
         self.brand_ts: list[int] = []
         self.brand_id: list[int] = []
         self.brand_w: list[float] = []
+        self.brand_act: list[int] = []      # +1 a cart, -1 a buy, 0 a fav (the abandonment term)
+        self.organic_ts: list[int] = []     # every organic event, for the complement term
+        self.organic_cat: list[int] = []
 
     def add_interest(self, ts: int, category: int) -> None:
         self.recent_ts.append(ts)
@@ -78,10 +89,15 @@ class _Memory:
             cut = next(i for i, t in enumerate(self.recent_ts) if t > ts - SESSION_MEMORY_MS)
             del self.recent_ts[:cut], self.recent_cat[:cut]
 
-    def add_brand(self, ts: int, brand: int, weight: float) -> None:
+    def add_brand(self, ts: int, brand: int, weight: float, act: int) -> None:
         self.brand_ts.append(ts)
         self.brand_id.append(brand)
         self.brand_w.append(weight)
+        self.brand_act.append(act)
+
+    def add_organic(self, ts: int, category: int) -> None:
+        self.organic_ts.append(ts)
+        self.organic_cat.append(category)
 
     def session_terms(self, now: int, categories: np.ndarray, decay_ms: float) -> tuple[np.ndarray, np.ndarray]:
         """The session term with full information and at serving (nothing newer than SERVING_DELAY_MS)."""
@@ -105,6 +121,31 @@ class _Memory:
         decayed = np.asarray(self.brand_w) * np.power(0.5, age / half_life_ms)
         same = np.asarray(self.brand_id)[None, :] == brands[:, None]
         return tuple(same @ np.where(age >= min_age, decayed, 0.0) for min_age in (1, SERVING_DELAY_MS))
+
+
+    def complement_terms(self, now: int, categories: np.ndarray, complement: np.ndarray,
+                         half_life_ms: float) -> tuple[np.ndarray, np.ndarray]:
+        """Decayed organic events whose category's complement is each ad's category, full and at serving."""
+        if not self.organic_ts:
+            return np.zeros(len(categories)), np.zeros(len(categories))
+        age = now - np.asarray(self.organic_ts)
+        leads_to = complement[np.asarray(self.organic_cat)][None, :] == categories[:, None]
+        decayed = np.power(0.5, age / half_life_ms)
+        return tuple(leads_to @ np.where(age >= min_age, decayed, 0.0) for min_age in (1, SERVING_DELAY_MS))
+
+    def abandonment_terms(self, now: int, brands: np.ndarray, half_life_ms: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per ad: the sign of its brand's newest cart (+1) or buy (-1), decayed by its age; full and at serving."""
+        terms = (np.zeros(len(brands)), np.zeros(len(brands)))
+        if not self.brand_ts:
+            return terms
+        age, act, brand = now - np.asarray(self.brand_ts), np.asarray(self.brand_act), np.asarray(self.brand_id)
+        for term, min_age in zip(terms, (1, SERVING_DELAY_MS)):
+            seen = (age >= min_age) & (act != 0)
+            for k, b in enumerate(brands):
+                newest = np.flatnonzero(seen & (brand == b))
+                if newest.size:
+                    term[k] = act[newest[-1]] * 0.5 ** (age[newest[-1]] / half_life_ms)
+        return terms
 
 
 def simulate_user(cfg: WorldConfig, cat: Catalog, seed: int, user: int) -> UserStream:
@@ -179,7 +220,19 @@ def _ad_request(cfg, cat: Catalog, rng, out: UserStream, mem: _Memory, user: int
                                                         mem.brand_terms(ts, ad_brand, half_life_ms))
     full = base + st.session * np.log1p(session) + st.long_range * np.log1p(brand)
     serving = base + st.session * np.log1p(session_served) + st.long_range * np.log1p(brand_served)
+    terms = {"long_term": st.long_term * log_interest[ad_cat], "session": st.session * np.log1p(session),
+             "long_range": st.long_range * np.log1p(brand)}
+    # added only when on, so that a world without them is bit for bit what it was
+    if st.complement:
+        lift, lift_served = mem.complement_terms(ts, ad_cat, cat.complement, st.complement_half_life_hours * HOUR_MS)
+        terms["complement"] = st.complement * np.log1p(lift)
+        full, serving = full + terms["complement"], serving + st.complement * np.log1p(lift_served)
+    if st.abandonment:
+        sign, sign_served = mem.abandonment_terms(ts, ad_brand, st.abandonment_half_life_hours * HOUR_MS)
+        terms["abandonment"] = st.abandonment * sign
+        full, serving = full + terms["abandonment"], serving + st.abandonment * sign_served
     exam = cat.examination[surface][:slots]
+    out.effects.append(np.column_stack([exam, full, *(terms.get(e, np.zeros(slots)) for e in EFFECTS)]))
     p_rel = _sigmoid(full)
     p_click = exam * p_rel
     p_serving = exam * _sigmoid(serving)
@@ -228,6 +281,7 @@ def _behavior(cat: Catalog, rng, out: UserStream, mem: _Memory, user: int, ts: i
     out.behaviors.append({"user_id": user, "ts_ms": ts, "item_id": item, "category_id": category,
                           "brand_id": brand, "action": action})
     mem.add_interest(ts, category)
+    mem.add_organic(ts, category)
     if action in MEMORY_WEIGHT:
-        mem.add_brand(ts, brand, MEMORY_WEIGHT[action])
+        mem.add_brand(ts, brand, MEMORY_WEIGHT[action], BRAND_ACT.get(action, 0))
     return item
