@@ -53,7 +53,7 @@ class ModelSizeConfig(dg.Config):
     teacher_layers: int = DEMO_SIZES.teacher_layers
     student_layers: int = DEMO_SIZES.student_layers
     n_heads: int = DEMO_SIZES.n_heads
-    max_len: int = DEMO_SIZES.max_len
+    student_events: int = DEMO_SIZES.student_events
     counter_events: int = DEMO_SIZES.counter_events
     item_buckets: int = DEMO_SIZES.item_buckets
     epochs: int = DEMO_SIZES.epochs

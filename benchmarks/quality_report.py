@@ -3,7 +3,7 @@ simulated worlds (and MovieLens and MIND on request).
 
     .venv/bin/python benchmarks/quality_report.py --only no_history,teacher,student,student_kd   # 3 worlds, 3 seeds
     .venv/bin/python benchmarks/quality_report.py --quick         # tiny world, 1 seed, small models: minutes
-    .venv/bin/python benchmarks/quality_report.py --worlds demo --seeds 1 --only student,no_lptm
+    .venv/bin/python benchmarks/quality_report.py --worlds demo --seeds 1 --only student,no_litm
     .venv/bin/python benchmarks/quality_report.py --mind-only --only no_history,teacher,student,student_kd
 
 Its parts are in benchmarks/quality_suite/ (worlds, samples, oracle, baselines, variants, protocol,
@@ -72,6 +72,7 @@ from benchmarks.quality_suite.oracle import evidence_oracle, oracle_rows  # noqa
 from benchmarks.quality_suite.report import table  # noqa: E402
 from benchmarks.quality_suite.runs import run_seed  # noqa: E402
 from benchmarks.quality_suite.variants import ABLATIONS, DAILY, LEVERS, Recipe, student_variant  # noqa: E402
+from models.config import teacher_context  # noqa: E402
 from benchmarks.quality_suite.worlds import (SEQUENCE_WORLDS, WORLDS, World, prepare_imported,  # noqa: E402
                                              prepare_simulated)
 
@@ -84,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=None, help="use only the first N simulated days (default all)")
     p.add_argument("--eval-days", type=int, default=1, help="last days, evaluated out of time (default 1)")
     p.add_argument("--epochs", type=int, default=None, help="most passes per model (default 12; --quick 4)")
-    p.add_argument("--only", default=None, help="comma-separated subset of the models, e.g. student,no_lptm "
+    p.add_argument("--only", default=None, help="comma-separated subset of the models, e.g. student,no_litm "
                                                  "(student_kd needs teacher)")
     p.add_argument("--quick", action="store_true",
                    help="tiny world, 1 seed, small models, 4 passes at most, a 15-day MovieLens slice")
@@ -153,7 +154,7 @@ def main(argv=None) -> int:
     if q:  # a smoke run, not what serves: smaller models, fewer passes
         r = dataclasses.replace
         recipe = r(recipe.replace_train(epochs=4),
-                   teacher=r(recipe.teacher, max_len=512, backbone=r(recipe.teacher.backbone, d_model=32)),
+                   teacher=r(recipe.teacher, max_len=teacher_context(256), backbone=r(recipe.teacher.backbone, d_model=32)),
                    student=r(recipe.student, max_len=256, backbone=r(recipe.student.backbone, d_model=32)))
     if a.epochs:
         recipe = recipe.replace_train(epochs=a.epochs)

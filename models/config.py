@@ -182,7 +182,9 @@ class ModelSizes:
     teacher_layers: int = 4       # the teacher is the larger model (TM20K); 2 layers left it 0.02-0.04 AUC lower on demo
     student_layers: int = 2
     n_heads: int = 2
-    max_len: int = 1024           # the teacher's tokens and the student's events
+    # The student's history: its newest 1,024 events, merged LITM -> PATM (StudentConfig.max_len). The teacher's
+    # context is derived from it (teacher_tokens), so it always sees every event the student sees.
+    student_events: int = 1024
     # The user's log both models' cross features count (TeacherConfig / StudentConfig.counter_len) and the online
     # store keeps: CADET's 4,096-event sequence. Counting over the student's 1,024 events instead cut the
     # 30-day counters of heavy users (36 % of the demo world's test impressions) and cost an MLP on the counters
@@ -205,6 +207,24 @@ class ModelSizes:
     seed: int = 0
     ckpt_every: int = 50          # steps between resumable checkpoints
 
+    @property
+    def teacher_tokens(self) -> int:
+        """The teacher's context (TeacherConfig.max_len), in tokens: teacher_context(student_events)."""
+        return teacher_context(self.student_events)
+
+
+def teacher_context(student_events: int) -> int:
+    """The tokens a teacher needs to see every event a student of ``student_events`` history events sees, in
+    the same user-day (models.data.teacher_tokens / student_tokens): 4 x student_events.
+
+    The student keeps the sample's newest student_events events. The teacher spends 2 tokens on an impression
+    and 1 on a behavior, keeps every target and drops the oldest other events until it fits. A sequence holds
+    at most max_len // 4 targets (data.PackedLoader), at most max_len / 2 tokens, which leaves the other
+    events at least max_len / 2 = 2 x student_events tokens: the student's newest events, even if every
+    one is an impression. What the teacher sees beyond them (CADET's 4,096-token sequence for a 1,024-event
+    student), unmerged and in more layers, is what it knows that the student does not."""
+    return 4 * student_events
+
 
 DEMO_SIZES = ModelSizes()
 # What the pipeline trains each model with where it departs from DEMO_SIZES (the defaults of
@@ -225,13 +245,17 @@ def _backbone(sizes: ModelSizes, n_layers: int) -> BackboneConfig:
 
 
 def teacher_config(sizes: ModelSizes) -> TeacherConfig:
-    return TeacherConfig(features=feature_config(sizes), max_len=sizes.max_len, counter_len=sizes.counter_events,
-                         backbone=_backbone(sizes, sizes.teacher_layers))
+    return TeacherConfig(features=feature_config(sizes), max_len=sizes.teacher_tokens,
+                         counter_len=sizes.counter_events, backbone=_backbone(sizes, sizes.teacher_layers))
 
 
 def student_config(sizes: ModelSizes) -> StudentConfig:
-    return StudentConfig(features=feature_config(sizes), max_len=sizes.max_len, counter_len=sizes.counter_events,
-                         backbone=_backbone(sizes, sizes.student_layers))
+    # Every merge the student is configured with acts in it. TM20K's LPTM merges before every lptm_every-th
+    # layer; a student with no such layer (2 layers, lptm_every 2) carries no LPTM rather than a switch
+    # that does nothing (Student.merge_layers).
+    return StudentConfig(features=feature_config(sizes), max_len=sizes.student_events,
+                         counter_len=sizes.counter_events, backbone=_backbone(sizes, sizes.student_layers),
+                         lptm=sizes.student_layers > StudentConfig.lptm_every)
 
 
 def train_config(sizes: ModelSizes) -> TrainConfig:
@@ -257,6 +281,6 @@ def preset(name: str) -> tuple[TeacherConfig, StudentConfig, TrainConfig]:
                            brand_buckets=256, surface_buckets=16, device_buckets=16)
         bb = BackboneConfig(d_model=32, n_layers=2, n_heads=2)
         tr = TrainConfig(lr=3e-3, weight_decay=0.1, token_budget=4096, warmup_steps=10, log_every=10, ckpt_every=100)
-        return (TeacherConfig(features=fc, backbone=bb, max_len=512),
-                StudentConfig(features=fc, backbone=dataclasses.replace(bb), max_len=256), tr)
+        return (TeacherConfig(features=fc, backbone=bb, max_len=teacher_context(256)),
+                StudentConfig(features=fc, backbone=dataclasses.replace(bb), max_len=256, lptm=False), tr)
     raise ValueError(f"unknown preset {name!r} (tiny, demo, large)")

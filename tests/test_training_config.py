@@ -40,7 +40,7 @@ def test_the_demo_preset_is_what_the_pipeline_trains_and_serves():
     assert student == student_config(training.StudentTrainingConfig().sizes())
     assert train == train_config(training.StudentTrainingConfig().sizes())
     assert (student.backbone.d_model, teacher.backbone.n_layers, student.backbone.n_layers, student.backbone.n_heads,
-            student.max_len, teacher.max_len) == (64, 4, 2, 2, 1024, 1024)
+            student.max_len, teacher.max_len) == (64, 4, 2, 2, 1024, 4096)
 
 
 def test_torch_threads_are_read_when_the_run_starts(monkeypatch):

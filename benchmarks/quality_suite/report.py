@@ -14,7 +14,6 @@ SEED_EXPECTATIONS = {
     "index_rope": ("CADET", -0.13),
     "no_litm": ("TM20K", +0.02),   # TM20K: adding LITM costs 0.02 %, so removing it gains as much
     "no_patm": ("TM20K", +0.06),
-    "no_lptm": ("TM20K", +0.03),
 }
 
 

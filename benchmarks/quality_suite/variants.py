@@ -7,9 +7,9 @@ import dataclasses
 from benchmarks.quality_suite.ablations import NoHistoryConfig, PositionInputConfig, ablated
 
 # the seed papers' ablations of the student without KD (report.py SEED_EXPECTATIONS: their published effects).
-# On the served student (2 layers, StudentConfig.lptm_every 2) LPTM never merges (Student.merge_layers: before
-# layer 2 only), so no_lptm trains the same model as "student" there: a row that measures seed noise.
-ABLATIONS = ["no_position_heads", "no_train_delay", "index_rope", "no_litm", "no_patm", "no_lptm"]
+# TM20K's LPTM has none: the served student (2 layers, StudentConfig.lptm_every 2) has no layer it could merge
+# before, so it is served without it (models.config.student_config).
+ABLATIONS = ["no_position_heads", "no_train_delay", "index_rope", "no_litm", "no_patm"]
 # the student trained as the pipeline's daily chain trains it (protocol.py), without and with KD
 DAILY = ("student_daily", "student_daily_kd")
 
@@ -24,7 +24,6 @@ def _bb(**kw):
 LEVERS = {
     "teacher_6_layers": ("teacher", _bb(n_layers=6), "teacher, 6 layers instead of 4"),
     "teacher_d96": ("teacher", _bb(d_model=96), "teacher, d=96 instead of 64"),
-    "teacher_4k_context": ("teacher", lambda c: dataclasses.replace(c, max_len=4096), "teacher, 4,096 tokens instead of 1,024"),
     "teacher_no_id_dropout": ("teacher", _bb(id_dropout=0.0), "teacher, no id dropout"),
     "teacher_token_counters": ("teacher", lambda c: dataclasses.replace(c, counter_len=None),
                                "teacher, counters over its kept tokens only (before counter_len)"),
@@ -37,14 +36,13 @@ LEVERS = {
     "student_kd_lambda1": ("kd", lambda c: dataclasses.replace(c, kd_lambda=1.0), "student, KD lambda 1 instead of 50"),
     "student_kd_lambda5": ("kd", lambda c: dataclasses.replace(c, kd_lambda=5.0), "student, KD lambda 5 instead of 50"),
     "student_kd_t2": ("kd", lambda c: dataclasses.replace(c, kd_temperature=2.0), "student, KD temperature 2"),
-    # KD from a lever's teacher (the fourth element) instead of the default one
-    "student_kd_4k_teacher": ("kd", lambda c: c, "student, KD from the 4,096-token teacher", "teacher_4k_context"),
     # Privileged-features distillation (Taobao's PFD, KDD 2020; Lopez-Paz et al. 2016): a teacher that sees what
     # serving cannot, here everything strictly before each target (delay 1 ms instead of the 1-hour serving
     # delay: the last hour's events and outcomes, in its attention and its counters), trained and scored so; its
     # probabilities are better targets than the labels for a student that sees only what serving sees.
     "teacher_privileged": ("teacher", lambda c: dataclasses.replace(c, mask=dataclasses.replace(c.mask, delay_ms=1)),
                            "teacher, privileged: sees everything before each target, scored so (vs the full-information oracle)"),
+    # KD from a lever's teacher (the fourth element) instead of the default one
     "student_kd_privileged": ("kd", lambda c: c, "student, KD from the privileged teacher", "teacher_privileged"),
 }
 # teacher levers scored with more than serving visibility: their oracle is the full-information one
@@ -68,7 +66,6 @@ LABELS = {
     "index_rope": "- index RoPE instead of time RoPE",
     "no_litm": "- LITM off",
     "no_patm": "- PATM off",
-    "no_lptm": "- LPTM off",
     "no_cross_features": "- no cross features (MTGR)",
 }
 
@@ -104,7 +101,7 @@ class Recipe:
         t, s, tt, st = self.teacher, self.student, self.teacher_train, self.student_train
         return (f"d={t.backbone.d_model}, {t.backbone.n_heads} heads, teacher {t.backbone.n_layers} layers / {t.max_len} "
                 f"tokens, student {s.backbone.n_layers} layers / {s.max_len} events, counters over {s.counter_len} "
-                f"events (LITM, PATM, LPTM every {s.lptm_every} layers; KD lambda {s.kd_lambda:g}, temperature "
+                f"events (LITM, PATM{f', LPTM every {s.lptm_every} layers' if s.lptm else ''}; KD lambda {s.kd_lambda:g}, temperature "
                 f"{s.kd_temperature:g}); AdamW lr {tt.lr:g} / {st.lr:g} (teacher / student), wd {st.weight_decay:g}, "
                 f"{tt.token_budget} / {st.token_budget} tokens per batch, at most {st.epochs} passes and "
                 f"{st.max_steps} steps; the latest {st.holdout:.0%} of the newest training day's impressions pick the "
@@ -131,6 +128,6 @@ def student_variant(base, name: str):
         return r(base, mask=r(base.mask, train_delay=False))
     if name == "index_rope":
         return r(base, rope=RoPEConfig(mode="index"))
-    if name in ("no_litm", "no_patm", "no_lptm"):
+    if name in ("no_litm", "no_patm"):
         return r(base, **{name.removeprefix("no_"): False})
     raise ValueError(name)

@@ -105,8 +105,13 @@ class PackedLoader:
         self.tok = tokenizer or tokenizer_for(kind, cfg)   # a model's own (RankingBackbone.tokenizer)
         self.targets_only = targets_only
         self.sample_budget = self.budget * world
+        if kind == "teacher" and cfg.max_len > self.sample_budget:
+            # the budget would cut every sequence below the teacher's context, and with it what the teacher
+            # sees of the student's events (models.config.teacher_context)
+            raise ValueError(f"a teacher batch of {self.sample_budget} tokens cannot hold the teacher's "
+                             f"{cfg.max_len}-token context: raise the token budget to at least {cfg.max_len}")
         # at most half of a sequence's token room goes to targets (a teacher target costs 2 tokens)
-        room = min(cfg.max_len, self.sample_budget) if kind == "teacher" else self.sample_budget
+        room = cfg.max_len if kind == "teacher" else self.sample_budget
         self.max_targets = max(1, room // 4)
 
     def __iter__(self):

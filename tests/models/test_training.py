@@ -54,7 +54,8 @@ def test_shuffle_is_deterministic_by_seed(samples_dir):
 
 
 def test_packing_respects_token_budget_without_padding(samples_dir):
-    for kind, cfg in (("teacher", tiny_teacher()), ("student", tiny_student())):
+    # a teacher's batch holds its whole context (models.config.teacher_context): a 150-token budget, a 150-token teacher
+    for kind, cfg in (("teacher", tiny_teacher(max_len=150)), ("student", tiny_student())):
         n_t = 0
         for toks in PackedLoader(samples_dir, kind, cfg, token_budget=150, seed=0):
             b = collate(toks)
@@ -229,7 +230,7 @@ def test_calibration_shifts_match_the_observed_rate_per_bucket():
 
 @pytest.mark.parametrize("kind", ["teacher", "student"])
 def test_checkpoint_resume_gives_the_same_next_step(samples_dir, tmp_path, kind):
-    cfg = tiny_teacher() if kind == "teacher" else tiny_student()
+    cfg = tiny_teacher(max_len=200) if kind == "teacher" else tiny_student()
     train_fn = (lambda tc, **kw: train_teacher(samples_dir, cfg, tc, **kw)) if kind == "teacher" else \
         (lambda tc, **kw: train_student(samples_dir, None, cfg, tc, **kw))
     straight = train_fn(_tc(token_budget=200, max_steps=4))
