@@ -85,12 +85,9 @@ def run_one(backend, mask, a, device, dtype):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--L", type=int, default=4096)
-    p.add_argument("--N", type=int, default=512)
-    p.add_argument("--H", type=int, default=4)
-    p.add_argument("--D", type=int, default=64)
-    p.add_argument("--window", type=int, default=512)
-    p.add_argument("--n-global", type=int, default=64)
+    # the problem: L history tokens, N candidates, H heads of width D; the local window and the global tokens
+    for name, default in {"--L": 4096, "--N": 512, "--H": 4, "--D": 64, "--window": 512, "--n-global": 64}.items():
+        p.add_argument(name, type=int, default=default)
     p.add_argument("--masks", default="candidates")
     p.add_argument("--backends", default=None, help="default: reference,sdpa (+triton on CUDA)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])

@@ -65,13 +65,10 @@ def train_rate(model, batches, steps):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--history-events", type=int, default=4096)
-    p.add_argument("--users", type=int, default=2)
-    p.add_argument("--candidates", type=int, default=256)
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--steps", type=int, default=3)
+    sizes = {"--history-events": 4096, "--users": 2, "--candidates": 256, "--d-model": 64, "--layers": 4, "--heads": 2,
+             "--steps": 3}
+    for name, default in sizes.items():
+        p.add_argument(name, type=int, default=default)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 = stable on shared cores)")
     p.add_argument("--backend", default="auto")
     p.add_argument("--chunk", type=int, default=128)

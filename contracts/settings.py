@@ -79,34 +79,21 @@ def online_store() -> str:
     return env("GENRANK_ONLINE_STORE", "")
 
 
-def attribution_window_min() -> float:
-    """GENRANK_ATTRIBUTION_WINDOW_MIN: minutes after an impression within which a click is attributed to it."""
-    return float(env("GENRANK_ATTRIBUTION_WINDOW_MIN", VARIABLES["GENRANK_ATTRIBUTION_WINDOW_MIN"][0]))
+def _number(name: str, kind: type):
+    """A reader of the numeric variable ``name``, its docstring the variable's line of VARIABLES."""
+    def read():
+        return kind(env(name, VARIABLES[name][0]))
+
+    read.__doc__ = f"{name}: {VARIABLES[name][1]}."
+    return read
 
 
-def late_grace_hours() -> float:
-    """GENRANK_LATE_GRACE_HOURS: how long day D waits for D+1's files (late clicks) before it runs without them."""
-    return float(env("GENRANK_LATE_GRACE_HOURS", VARIABLES["GENRANK_LATE_GRACE_HOURS"][0]))
-
-
-def sensor_interval_s() -> int:
-    """GENRANK_SENSOR_INTERVAL_S: the landing sensor's minimum interval (read when the code location loads)."""
-    return int(env("GENRANK_SENSOR_INTERVAL_S", VARIABLES["GENRANK_SENSOR_INTERVAL_S"][0]))
-
-
-def torch_threads() -> int:
-    """GENRANK_TORCH_THREADS: torch intra-op threads for training and evaluation."""
-    return int(env("GENRANK_TORCH_THREADS", VARIABLES["GENRANK_TORCH_THREADS"][0]))
-
-
-def latency_budget_ms() -> float:
-    """GENRANK_LATENCY_BUDGET_MS: the promotion gate's p99 budget for scoring one request."""
-    return float(env("GENRANK_LATENCY_BUDGET_MS", VARIABLES["GENRANK_LATENCY_BUDGET_MS"][0]))
-
-
-def train_procs() -> int:
-    """GENRANK_TRAIN_PROCS: processes the student asset trains with (torchrun above 1)."""
-    return int(env("GENRANK_TRAIN_PROCS", VARIABLES["GENRANK_TRAIN_PROCS"][0]))
+attribution_window_min = _number("GENRANK_ATTRIBUTION_WINDOW_MIN", float)
+late_grace_hours = _number("GENRANK_LATE_GRACE_HOURS", float)
+sensor_interval_s = _number("GENRANK_SENSOR_INTERVAL_S", int)   # read when the code location loads
+torch_threads = _number("GENRANK_TORCH_THREADS", int)
+latency_budget_ms = _number("GENRANK_LATENCY_BUDGET_MS", float)
+train_procs = _number("GENRANK_TRAIN_PROCS", int)
 
 
 def serve_prediction_log(home: Path) -> Path | None:

@@ -95,21 +95,11 @@ class Stack:
     def folder(self) -> Path:
         return self.home / "stack"
 
-    @property
-    def dagster_home(self) -> Path:
-        return self.folder / "dagster_home"
-
-    @property
-    def pg_data(self) -> Path:
-        return self.folder / "postgres"
-
-    @property
-    def password_file(self) -> Path:
-        return self.folder / "postgres.password"
-
-    @property
-    def start_date_file(self) -> Path:
-        return self.folder / "start_date"
+    # what the stack keeps under its folder
+    dagster_home = property(lambda self: self.folder / "dagster_home")
+    pg_data = property(lambda self: self.folder / "postgres")
+    password_file = property(lambda self: self.folder / "postgres.password")
+    start_date_file = property(lambda self: self.folder / "start_date")
 
     def password(self) -> str:
         if not self.password_file.exists():

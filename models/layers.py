@@ -223,14 +223,22 @@ def ctr_loss_sum(logits, bucket, label):
     return F.binary_cross_entropy_with_logits(gather_bucket(logits, bucket).float(), label, reduction="sum")
 
 
-def aux_loss_sums(ct_logits, dwell_pred, tg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(click-type CE sum over clicked targets, dwell MSE sum over targets with dwell, dwell count)."""
-    clicked = tg["label"] > 0.5
-    ct = F.cross_entropy(ct_logits.float()[clicked], tg["click_type"][clicked].long(), reduction="sum") if clicked.any() \
-        else ct_logits.sum() * 0.0
-    m = ~torch.isnan(tg["log_dwell"])
-    dw = ((dwell_pred.float()[m] - tg["log_dwell"][m]) ** 2).sum() if m.any() else dwell_pred.sum() * 0.0
-    return ct, dw, m.sum()
+def label_loss_sums(out: dict, tg: dict, backbone) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+    """The losses on the day's labels, name -> (sum, count, weight): CADET's per-bucket CTR loss and, when the
+    forward pass trained the auxiliary heads, the click-type CE over clicked targets and the dwell MSE over
+    targets with a dwell (weights from ``backbone``). The trainer normalises by global counts."""
+    n = torch.tensor(float(tg["label"].numel()), device=tg["label"].device)
+    res = {"ctr": (ctr_loss_sum(out["logits"], tg["bucket"], tg["label"]), n, 1.0)}
+    if "click_type" in out:
+        clicked = tg["label"] > 0.5
+        ct_logits, dwell_pred = out["click_type"].float(), out["dwell"].float()
+        ct = F.cross_entropy(ct_logits[clicked], tg["click_type"][clicked].long(), reduction="sum") if clicked.any() \
+            else ct_logits.sum() * 0.0
+        m = ~torch.isnan(tg["log_dwell"])
+        dw = ((dwell_pred[m] - tg["log_dwell"][m]) ** 2).sum() if m.any() else dwell_pred.sum() * 0.0
+        res["click_type"] = (ct, clicked.sum().float(), backbone.aux_click_type_weight)
+        res["dwell"] = (dw, m.sum().float(), backbone.aux_dwell_weight)
+    return res
 
 
 def init_weights(module: nn.Module):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from .backbone import RankingBackbone
 from .config import StudentConfig
 from .data import Batch
-from .layers import aux_loss_sums, ctr_loss_sum, gather_bucket, rope_positions
+from .layers import gather_bucket, label_loss_sums, rope_positions
 from .masks import candidate_bounds, lengths_to_offsets, seq_index
 
 
@@ -93,22 +93,19 @@ class Student(RankingBackbone):
         return out
 
     def loss_sums(self, out, tg) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
-        b = self.cfg.backbone
-        n = torch.tensor(float(tg["label"].numel()), device=tg["label"].device)
-        res = {"ctr": (ctr_loss_sum(out["logits"], tg["bucket"], tg["label"]), n, 1.0)}
-        if "distill_logits" in out:
-            res["ctr_distill"] = (ctr_loss_sum(out["distill_logits"], tg["bucket"], tg["label"]), n, 1.0)
-            p_t = tg["teacher_p"]
-            has = ~torch.isnan(p_t)
-            T = float(self.cfg.kd_temperature)
-            z = gather_bucket(out["distill_logits"], tg["bucket"]).float()[has] / T
-            pt = torch.sigmoid(torch.logit(p_t[has].clamp(1e-6, 1 - 1e-6)) / T).clamp(1e-6, 1 - 1e-6)
-            # KD = KL(teacher || student) for a Bernoulli = soft-label BCE minus the teacher's entropy, on logits
-            # divided by T and scaled by T^2 (Hinton et al.) so its gradient keeps its size
-            kd = (F.binary_cross_entropy_with_logits(z, pt, reduction="sum")
-                  - F.binary_cross_entropy(pt, pt, reduction="sum")) * T * T
-            res["kd"] = (kd, has.sum().float(), float(self.cfg.kd_lambda))
-            ct, dw, nd = aux_loss_sums(out["click_type"], out["dwell"], tg)
-            res["click_type"] = (ct, (tg["label"] > 0.5).sum().float(), b.aux_click_type_weight)
-            res["dwell"] = (dw, nd.float(), b.aux_dwell_weight)
-        return res
+        labels = label_loss_sums(out, tg, self.cfg.backbone)
+        if "distill_logits" not in out:
+            return labels
+        res = {"ctr": labels.pop("ctr"),
+               "ctr_distill": label_loss_sums({"logits": out["distill_logits"]}, tg, self.cfg.backbone)["ctr"]}
+        p_t = tg["teacher_p"]
+        has = ~torch.isnan(p_t)
+        T = float(self.cfg.kd_temperature)
+        z = gather_bucket(out["distill_logits"], tg["bucket"]).float()[has] / T
+        pt = torch.sigmoid(torch.logit(p_t[has].clamp(1e-6, 1 - 1e-6)) / T).clamp(1e-6, 1 - 1e-6)
+        # KD = KL(teacher || student) for a Bernoulli = soft-label BCE minus the teacher's entropy, on logits
+        # divided by T and scaled by T^2 (Hinton et al.) so its gradient keeps its size
+        kd = (F.binary_cross_entropy_with_logits(z, pt, reduction="sum")
+              - F.binary_cross_entropy(pt, pt, reduction="sum")) * T * T
+        res["kd"] = (kd, has.sum().float(), float(self.cfg.kd_lambda))
+        return res | labels

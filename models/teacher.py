@@ -6,7 +6,7 @@ import torch
 from .backbone import RankingBackbone
 from .config import TeacherConfig
 from .data import Batch
-from .layers import aux_loss_sums, ctr_loss_sum, rope_positions
+from .layers import label_loss_sums, rope_positions
 from .masks import teacher_bounds
 
 
@@ -37,12 +37,4 @@ class Teacher(RankingBackbone):
         return out
 
     def loss_sums(self, out, tg) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
-        """name -> (sum, count, weight); the trainer normalises by global counts."""
-        b = self.cfg.backbone
-        n = torch.tensor(float(tg["label"].numel()), device=tg["label"].device)
-        res = {"ctr": (ctr_loss_sum(out["logits"], tg["bucket"], tg["label"]), n, 1.0)}
-        if "click_type" in out:
-            ct, dw, nd = aux_loss_sums(out["click_type"], out["dwell"], tg)
-            res["click_type"] = (ct, (tg["label"] > 0.5).sum().float(), b.aux_click_type_weight)
-            res["dwell"] = (dw, nd.float(), b.aux_dwell_weight)
-        return res
+        return label_loss_sums(out, tg, self.cfg.backbone)

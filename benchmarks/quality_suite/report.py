@@ -142,6 +142,29 @@ def _share(results, world, seeds, v) -> list[float]:
     return [(kk - nn) / (tt - nn) if abs(tt - nn) > 1e-9 else float("nan") for tt, kk, nn in zip(t, k, n)]
 
 
+# The paired differences every report prints, when both variants ran: (label, variant, minus variant, the seed
+# paper's figure or the issue that asks for it); each is expected positive.
+PAIRED_ROWS = (
+    ("user history: student (no KD) - no-history student", "student", "no_history",
+     "CADET, TM20K: the user sequence is the signal (TM20K: 5K -> 20K events +0.26 % rel.)"),
+    ("teacher - no-history student", "teacher", "no_history", "TM20K: the full-token teacher is the upper bound"),
+    ("teacher - student (no KD)", "teacher", "student", "TM20K: teacher +0.11 % rel. over the student"),
+    ("teacher - trees on the counters", "teacher", "counters_gbdt",
+     "issue #18: a sequence model above the counters it is given"),
+    ("student (no KD) - trees on the counters", "student", "counters_gbdt",
+     "issue #18: a sequence model above the counters it is given"),
+    ("no-history student - trees on the ad's CTR and context", "no_history", "ad_gbdt",
+     "issue #18: ids learnt as well as the ad's CTR counter"),
+    ("KD: student with KD - student without", "student_kd", "student", "TM20K: +0.07 % rel."),
+    ("KD from a teacher that did not train on those days - student (no KD)", "student_kd_oot", "student",
+     "issue #18: the pipeline's KD targets are out of time"),
+    ("the pipeline's daily chain with KD - the same chain without", "student_daily_kd", "student_daily",
+     "issue #18: KD that pays, in the pipeline's own protocol"),
+    ("the pipeline's daily chain, no KD - student (no KD, every day at once)", "student_daily", "student",
+     "issue #18: what warm-started days cost"),
+)
+
+
 def derived(world: World, results: dict, seeds: list[int], variants: list[str]) -> list[str]:
     """Paired per-seed differences (the same seed, data and evaluation; the seed spread is the noise)."""
     rows = []
@@ -156,23 +179,8 @@ def derived(world: World, results: dict, seeds: list[int], variants: list[str]) 
         rows.append(f"| {label} | {_fmt(*_mean_sd(d))} | {rel} | {_fmt(*_mean_sd(dg))} | {paper} | "
                     f"{_verdict(d, expected)} |")
 
-    row("user history: student (no KD) - no-history student", "student", "no_history",
-        "CADET, TM20K: the user sequence is the signal (TM20K: 5K -> 20K events +0.26 % rel.)", +1)
-    row("teacher - no-history student", "teacher", "no_history", "TM20K: the full-token teacher is the upper bound", +1)
-    row("teacher - student (no KD)", "teacher", "student", "TM20K: teacher +0.11 % rel. over the student", +1)
-    row("teacher - trees on the counters", "teacher", "counters_gbdt",
-        "issue #18: a sequence model above the counters it is given", +1)
-    row("student (no KD) - trees on the counters", "student", "counters_gbdt",
-        "issue #18: a sequence model above the counters it is given", +1)
-    row("no-history student - trees on the ad's CTR and context", "no_history", "ad_gbdt",
-        "issue #18: ids learnt as well as the ad's CTR counter", +1)
-    row("KD: student with KD - student without", "student_kd", "student", "TM20K: +0.07 % rel.", +1)
-    row("KD from a teacher that did not train on those days - student (no KD)", "student_kd_oot", "student",
-        "issue #18: the pipeline's KD targets are out of time", +1)
-    row("the pipeline's daily chain with KD - the same chain without", "student_daily_kd", "student_daily",
-        "issue #18: KD that pays, in the pipeline's own protocol", +1)
-    row("the pipeline's daily chain, no KD - student (no KD, every day at once)", "student_daily", "student",
-        "issue #18: what warm-started days cost", +1)
+    for label, a, b, paper in PAIRED_ROWS:
+        row(label, a, b, paper, +1)
     for v, (kind, _, label, *_) in LEVERS.items():
         base = {"teacher": "teacher", "student": "student"}.get(kind, "student_kd")
         row(f"{label} - {LABELS[base]}", v, base, "issue #18 lever", +1)

@@ -128,11 +128,16 @@ def test_reference_equals_dense_mask_softmax(bounds, H, D, chunk, seed):
         assert torch.allclose(a, b, atol=1e-5, rtol=0)
 
 
+def _causal_problem(T: int, H: int, D: int, seed: int):
+    """Random q, k, v of T tokens and the causal intervals (every token sees itself and all before it)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = [torch.randn(T, H, D, generator=g) for _ in range(3)]
+    return q, k, v, torch.zeros(T, dtype=torch.long), torch.arange(T)
+
+
 def test_reference_bf16_compute_is_close_but_not_exact():
-    g = torch.Generator().manual_seed(0)
     T = 50
-    lo, hi = torch.zeros(T, dtype=torch.long), torch.arange(T)
-    q, k, v = [torch.randn(T, 2, 16, generator=g) for _ in range(3)]
+    q, k, v, lo, hi = _causal_problem(T, 2, 16, seed=0)
     ref = interval_attention_reference(q, k, v, lo, hi)
     b16 = interval_attention_reference(q.bfloat16(), k.bfloat16(), v.bfloat16(), lo, hi, compute_dtype=None).float()
     err = (b16 - ref).abs().max()
@@ -141,10 +146,8 @@ def test_reference_bf16_compute_is_close_but_not_exact():
 
 def test_dense_mask_detects_a_wrong_mask():
     """The oracle can fail: a reference run with hi shifted by one differs from the true contract."""
-    g = torch.Generator().manual_seed(1)
     T = 12
-    lo, hi = torch.zeros(T, dtype=torch.long), torch.arange(T)
-    q, k, v = [torch.randn(T, 1, 4, generator=g) for _ in range(3)]
+    q, k, v, lo, hi = _causal_problem(T, 1, 4, seed=1)
     good = naive_interval_attention(q, k, v, lo, hi)
     bad = interval_attention_reference(q, k, v, lo, torch.clamp(hi + 2, max=T))  # leaks token q+1
     assert not torch.allclose(good, bad, atol=1e-3)

@@ -331,6 +331,17 @@ def test_kd_is_the_bernoulli_kl_on_logits_divided_by_the_temperature(samples_dir
 
 # ----------------------------------------------------------------------------- leakage (end to end)
 
+def _logit_with(model, b, row: int, **changes) -> torch.Tensor:
+    """The model's logit at ``row`` on ``b`` with some id columns changed: ``name=[(rows, column, fn), ...]``
+    replaces ``b.tensors[name][rows, column]`` by ``fn`` of itself."""
+    t = dict(b.tensors)
+    for name, edits in changes.items():
+        t[name] = t[name].clone()
+        for rows, column, fn in edits:
+            t[name][rows, column] = fn(t[name][rows, column])
+    return model(type(b)(b.kind, b.targets, b.n_events, t))["logits"][row]
+
+
 def test_teacher_target_never_depends_on_events_inside_the_delay(samples_dir):
     cfg = tiny_teacher(backbone=dict(n_layers=3))
     model = Teacher(cfg).eval()
@@ -347,16 +358,11 @@ def test_teacher_target_never_depends_on_events_inside_the_delay(samples_dir):
     row = int((torch.nonzero(t["is_target"]).flatten() == q).nonzero())
     with torch.no_grad():
         base = model(b)["logits"][row]
-        t2 = dict(t)
-        t2["feats"] = t["feats"].clone()
-        t2["feats"][late, 0] = (t["feats"][late, 0] + 17) % 512   # change the items of every too-recent event
-        t2["feats"][late, 8] = 6 - t["feats"][late, 8].clamp(max=6)  # and their outcomes
-        pert = model(type(b)(b.kind, b.targets, b.n_events, t2))["logits"][row]
+        item = lambda x: (x + 17) % 512   # noqa: E731
+        # the items of every too-recent event, and their outcomes
+        pert = _logit_with(model, b, row, feats=[(late, 0, item), (late, 8, lambda x: 6 - x.clamp(max=6))])
         assert torch.allclose(base, pert, atol=1e-6)
-        t3 = dict(t)
-        t3["feats"] = t["feats"].clone()
-        t3["feats"][early, 0] = (t["feats"][early, 0] + 17) % 512
-        assert not torch.allclose(base, model(type(b)(b.kind, b.targets, b.n_events, t3))["logits"][row], atol=1e-6)
+        assert not torch.allclose(base, _logit_with(model, b, row, feats=[(early, 0, item)]), atol=1e-6)
 
 
 def test_student_candidate_never_depends_on_other_candidates_or_later_history(samples_dir):
@@ -377,17 +383,10 @@ def test_student_candidate_never_depends_on_other_candidates_or_later_history(sa
     assert vis_ev.any()
     with torch.no_grad():
         base = model(b)["logits"][c]
-        t2 = dict(t)
-        t2["ev_feats"] = t["ev_feats"].clone()
-        t2["ev_feats"][late_ev, 0] = (t["ev_feats"][late_ev, 0] + 5) % 512
-        t2["cand_feats"] = t["cand_feats"].clone()
-        t2["cand_feats"][others, 0] = (t["cand_feats"][others, 0] + 5) % 512
-        pert = model(type(b)(b.kind, b.targets, b.n_events, t2))["logits"][c]
+        item = lambda x: (x + 5) % 512   # noqa: E731
+        pert = _logit_with(model, b, c, ev_feats=[(late_ev, 0, item)], cand_feats=[(others, 0, item)])
         assert torch.allclose(base, pert, atol=1e-6)
-        t3 = dict(t)
-        t3["ev_feats"] = t["ev_feats"].clone()
-        t3["ev_feats"][vis_ev, 0] = (t["ev_feats"][vis_ev, 0] + 5) % 512
-        assert not torch.allclose(base, model(type(b)(b.kind, b.targets, b.n_events, t3))["logits"][c], atol=1e-6)
+        assert not torch.allclose(base, _logit_with(model, b, c, ev_feats=[(vis_ev, 0, item)]), atol=1e-6)
 
 
 def test_teacher_probs_from_parquet_join_by_impression_id(samples_dir, tmp_path):

@@ -517,21 +517,14 @@ class EventsJobResult:
     def ctr(self) -> float | None:
         return self.clicked_impressions / self.impressions if self.impressions else None
 
-    @property
-    def input_lines(self) -> int:
-        return sum(a.input_lines for a in self.accounting.values())
+    def _total(self, field_name: str) -> int:
+        return sum(getattr(a, field_name) for a in self.accounting.values())
 
-    @property
-    def quarantined(self) -> int:
-        return sum(a.quarantined for a in self.accounting.values())
-
-    @property
-    def duplicates(self) -> int:
-        return sum(a.duplicates for a in self.accounting.values())
-
-    @property
-    def accepted(self) -> int:
-        return sum(a.accepted for a in self.accounting.values())
+    # D's lines over every kind (context lines of D-1/D+1 not counted)
+    input_lines = property(lambda self: self._total("input_lines"))
+    quarantined = property(lambda self: self._total("quarantined"))
+    duplicates = property(lambda self: self._total("duplicates"))
+    accepted = property(lambda self: self._total("accepted"))
 
     @property
     def rows_per_s(self) -> float:
@@ -542,19 +535,18 @@ class EventsJobResult:
     def accounting_closes(self) -> bool:
         return all(a.closes for a in self.accounting.values())
 
-    def quarantine_by_reason(self) -> dict[str, int]:
+    def _by_reason(self, field_name: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for a in self.accounting.values():
-            for r, n in a.quarantined_by_reason.items():
+            for r, n in getattr(a, field_name).items():
                 out[r] = out.get(r, 0) + n
         return dict(sorted(out.items()))
 
+    def quarantine_by_reason(self) -> dict[str, int]:
+        return self._by_reason("quarantined_by_reason")
+
     def duplicates_by_reason(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for a in self.accounting.values():
-            for r, n in a.duplicates_by_reason.items():
-                out[r] = out.get(r, 0) + n
-        return dict(sorted(out.items()))
+        return self._by_reason("duplicates_by_reason")
 
     def to_dict(self) -> dict:
         d = asdict(self)
