@@ -34,6 +34,7 @@ def write_run_report(folder: Path, stamp: str, days: list, champion: str, tracki
         lines.append(f"| {d.day} | {d.status} | " + " | ".join(cells) + " |")
         if d.error and d.status == "FAILED":
             lines.append(f"| | error | {d.error.replace('|', '/')[:300]} |" + " |" * (len(COLUMNS) - 1))
+    lines += stage_tables(days)
     lines += ["", f"![AUC per day against the oracle]({plot.name})", "",
               f"![Serving monitor per day: skew, drift, live calibration]({monitoring.name})", "",
               f"MLflow: experiment `genrank-runs`, run `{run_id}` ({tracking_uri})" if run_id else ""]
@@ -43,6 +44,53 @@ def write_run_report(folder: Path, stamp: str, days: list, champion: str, tracki
         _log_artifact(tracking_uri, run_id, monitoring)
         _log_artifact(tracking_uri, run_id, report)
     return report
+
+
+def _stage_totals(days: list) -> dict[str, tuple[float, int | None]]:
+    """Each stage over the days: (total seconds, largest peak RSS in bytes or None), slowest first."""
+    totals: dict[str, tuple[float, int | None]] = {}
+    for d in days:
+        for step, (seconds, peak) in d.stages.items():
+            total, largest = totals.get(step, (0.0, None))
+            totals[step] = (total + seconds, max(filter(None, (largest, peak)), default=None))
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1][0]))
+
+
+def stage_tables(days: list) -> list[str]:
+    """Markdown: each stage's wall seconds per day and in all, then the run process tree's peak RSS while it ran
+    (pipelines/stage_profile.py; what earlier stages left resident counts too)."""
+    totals = _stage_totals(days)
+    if not totals:
+        return []
+    mib = lambda b: "-" if b is None else f"{b / 2**20:,.0f}"   # noqa: E731
+    head = "| stage | " + " | ".join(d.day for d in days)
+    rule = "|---|" + "---|" * len(days)
+    lines = ["", "## Where the time goes", "", "Wall seconds per stage and day (Dagster's step times):", "",
+             head + " | all days |", rule + "---|"]
+    for step, (total, _) in totals.items():
+        cells = [f"{d.stages[step][0]:.1f}" if step in d.stages else "-" for d in days]
+        lines.append(f"| {step} | " + " | ".join(cells) + f" | {total:.1f} |")
+    lines.append("| **day** | " + " | ".join(f"{sum(s for s, _ in d.stages.values()):.1f}" for d in days)
+                 + f" | {sum(t for t, _ in totals.values()):.1f} |")
+    lines += ["", "Peak resident memory (MiB) of the run's process tree while each stage ran (Python, the Spark "
+              "driver, dbt, torchrun's workers; sampled every 0.5 s, '-' for a stage shorter than that):", "",
+              head + " | largest |", rule + "---|"]
+    for step, (_, largest) in totals.items():
+        lines.append(f"| {step} | " + " | ".join(mib(d.stages[step][1]) if step in d.stages else "-" for d in days)
+                     + f" | {mib(largest)} |")
+    return lines
+
+
+def stages_line(days: list) -> str:
+    """One console line: the slowest stages over the run and the largest peak."""
+    totals = _stage_totals(days)
+    if not totals:
+        return "Time by stage: none recorded."
+    slowest = ", ".join(f"{step} {total:.0f} s" for step, (total, _) in list(totals.items())[:4])
+    peaks = [(peak, step) for step, (_, peak) in totals.items() if peak is not None]
+    peak = f"; peak RSS {max(peaks)[0] / 2**30:.1f} GiB ({max(peaks)[1]})" if peaks else ""
+    return (f"Time by stage: {slowest} (of {sum(t for t, _ in totals.values()):.0f} s in steps){peak}; "
+            "the report has every stage per day.")
 
 
 def _cell(value) -> str:

@@ -15,7 +15,8 @@ from pathlib import Path
 from assets import partitions
 from contracts import settings
 from pipelines.console import RunConsole
-from pipelines.report import write_run_report
+from pipelines.report import stages_line, write_run_report
+from pipelines.stage_profile import PeakByStep, step_seconds
 from transforms import landing
 
 # Written by genrank: this line marks a file the project may update (delete the line to keep edits).
@@ -89,6 +90,8 @@ class DayResult:
     failed_checks: list[str] = field(default_factory=list)
     error: str | None = None
     monitor: dict[str, object] = field(default_factory=dict)   # serving_monitor's figures, for the report's plot
+    # step -> (wall seconds, peak RSS bytes of the run's process tree while it ran, None when not sampled)
+    stages: dict[str, tuple[float, int | None]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -165,7 +168,8 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
 
         for i, day in enumerate(days, 1):
             run_id = make_new_run_id()
-            with console.progress(f"day {i}/{len(days)} {day}", _current_step_reader(run_id)):
+            with console.progress(f"day {i}/{len(days)} {day}", _current_step_reader(run_id)), \
+                    PeakByStep(_current_step_reader(run_id)) as peaks:
                 result = daily.execute_in_process(
                     partition_key=day, instance=instance, raise_on_error=False, run_config=run_config, run_id=run_id,
                     # the command reports a failed day itself: no daemon retries it later
@@ -176,6 +180,8 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
                               f"version {teacher.get('version')}, trained on {teacher.get('window')}"
                               + (f" ({teacher['steps']} steps)" if "steps" in teacher else ""))
             results.append(_summarise(day, result))
+            results[-1].stages = {step: (seconds, peaks.peaks.get(step))
+                                  for step, seconds in step_seconds(instance, run_id).items()}
             if day in oracle:
                 results[-1].figures["oracle_auc"] = oracle[day]
             console.print(_format_day(results[-1]))
@@ -185,6 +191,7 @@ def run_days(start: str | None, end: str | None, home: Path | None = None,
                       + (f" ({refused} challenger(s) refused by the gates: a decision, not a failure)." if refused else "."))
         champion = _champion_line(home, results)
         console.print(champion)
+        console.print(stages_line(results))
         try:
             stamp = console.log_path.stem.removeprefix("run-")
             console.print(f"Report: {write_run_report(home / 'reports', stamp, results, champion, settings.tracking_uri(home))}")

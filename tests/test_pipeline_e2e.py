@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -53,6 +54,14 @@ def test_every_day_materialises_with_all_checks_passing(pipeline_run):
     assert instance.get_materialized_partitions(dg.AssetKey("promotion")) == {report.days[3]}
     assert instance.get_materialized_partitions(dg.AssetKey("onnx_model")) == {report.days[3]}
     assert instance.get_latest_materialization_event(dg.AssetKey("teacher_model")) is not None
+    # where the time went: every day's stages with their times, the memory of the run's process tree
+    assert re.search(r"^Time by stage: .+ s .*peak RSS \d+\.\d GiB", stdout, re.M), stdout[-2000:]
+    [run_report] = (home / "reports").glob("run-*.md")
+    text = run_report.read_text()
+    for step in ("events", "sequence_models", "teacher_model", "student_candidate"):
+        row = next(line for line in text.splitlines() if line.startswith(f"| {step} | "))   # the time table's
+        assert row.count(" | ") == len(report.days) + 1, row
+    assert "## Where the time goes" in text and "Peak resident memory (MiB)" in text
 
 
 def test_a_champion_exists_with_its_evidence(pipeline_run):

@@ -1,10 +1,12 @@
-"""The run report's serving-monitor plot: what it draws per day, and that the report links it."""
+"""The run report: the serving-monitor plot (what it draws per day, and that the report links it) and where the
+time and memory go (the stage tables, the process tree's peak)."""
 
 from __future__ import annotations
 
 import math
+import os
 
-from pipelines.report import monitoring_series, write_run_report
+from pipelines.report import monitoring_series, stage_tables, stages_line, write_run_report
 from pipelines.runner import DayResult
 
 PSI = {"surface": {"psi": 0.02}, "category": {"psi": 0.31}, "history_len": {"psi": None, "skipped": "not served"}}
@@ -33,3 +35,41 @@ def test_the_report_links_the_monitoring_plot(tmp_path):
     plot = tmp_path / "reports" / "run-20260106T000000Z-monitoring.png"
     assert plot.stat().st_size > 0
     assert f"![Serving monitor per day: skew, drift, live calibration]({plot.name})" in report.read_text()
+
+
+def test_the_stage_tables_add_each_stage_over_the_days_and_keep_its_largest_peak():
+    days = _days()[:2]
+    days[0].stages = {"events": (10.0, 300 << 20), "sequence_models": (2.5, None)}
+    days[1].stages = {"events": (4.0, 500 << 20), "student_candidate": (20.0, 900 << 20)}
+    lines = stage_tables(days)
+    assert "| student_candidate | - | 20.0 | 20.0 |" in lines      # the slowest stage over the run first
+    assert lines.index("| student_candidate | - | 20.0 | 20.0 |") < lines.index("| events | 10.0 | 4.0 | 14.0 |")
+    assert "| **day** | 12.5 | 24.0 | 36.5 |" in lines
+    assert "| events | 300 | 500 | 500 |" in lines and "| sequence_models | - | - | - |" in lines
+    assert stages_line(days).startswith("Time by stage: student_candidate 20 s, events 14 s, sequence_models 2 s "
+                                        "(of 36 s in steps); peak RSS 0.9 GiB (student_candidate)")
+
+
+def test_the_peak_is_the_whole_process_trees(tmp_path):
+    """A child that holds 200 MiB counts in its parent's tree, sampled under the step that was current."""
+    import subprocess
+    import sys
+    import time
+
+    from pipelines.stage_profile import PeakByStep, tree_rss_bytes
+
+    before = tree_rss_bytes(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(200 << 20); time.sleep(30)"])
+    try:
+        with PeakByStep(lambda: "holding", interval_s=0.1) as peaks:
+            deadline = time.monotonic() + 20
+            while tree_rss_bytes(os.getpid()) - before < 190 << 20:
+                assert time.monotonic() < deadline, "the child's memory never showed in the tree"
+                time.sleep(0.1)
+            time.sleep(0.3)
+        assert peaks.peaks["holding"] - before >= 190 << 20
+        assert tree_rss_bytes(child.pid) >= 190 << 20
+    finally:
+        child.kill()
+        child.wait()
+    assert tree_rss_bytes(child.pid) is None   # gone: no /proc entry
