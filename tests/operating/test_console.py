@@ -20,6 +20,7 @@ OWN_LINES = [re.compile(p) for p in (
     r"^\d{4}-\d{2}-\d{2}  (ok    |refused|FAILED)  ",
     r"^\d{4}-\d{2}-\d{2}  teacher (retrained|reused) before the day: version \d+, trained on ",
     r"^\d+/\d+ days ran",
+    r"^Time by stage: ",
     r"^(Champion: genrank-ctr v\d+ |No champion)",
     r"^Report: \S+/reports/run-\d{8}T\d{6}Z\.md$",
     r"^Dagster: DAGSTER_HOME=",
