@@ -25,8 +25,9 @@ def user_day(seed: int, n_history: int, imp_share: float, n_targets: int, n_day_
     n_day = n_targets + n_day_behaviors
     n = n_history + n_day
     day0 = 40 * DAY_MS
-    ts = np.r_[np.sort(rng.choice(np.arange(day0 - 30 * DAY_MS, day0), n_history, replace=False)),
-               np.sort(rng.choice(np.arange(day0, day0 + DAY_MS), n_day, replace=False))]
+    # an integer population: Generator.choice then samples without materialising 30 days of milliseconds
+    ts = np.r_[day0 - 30 * DAY_MS + np.sort(rng.choice(30 * DAY_MS, n_history, replace=False)),
+               day0 + np.sort(rng.choice(DAY_MS, n_day, replace=False))]
     is_imp = np.r_[rng.random(n_history) < imp_share, np.zeros(n_day, bool)]
     is_imp[n_history + rng.choice(n_day, n_targets, replace=False)] = True
     is_target = np.r_[np.zeros(n_history, bool), is_imp[n_history:]]
