@@ -90,6 +90,7 @@ class Stack:
     home: Path
     ports: Ports = field(default_factory=Ports.from_settings)
     env: dict[str, str] = field(default_factory=dict)   # more variables for the pipeline processes
+    workspace: Path = REPO / "workspace.yaml"   # the code locations dagster-webserver and dagster-daemon load
 
     @property
     def folder(self) -> Path:
@@ -168,7 +169,7 @@ class Stack:
                      # no REST submission server (fixed port 6066): applications connect over the master port
                      "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
         spark_class = str(Path(spark_home) / "bin" / "spark-class")
-        workspace = str(REPO / "workspace.yaml")
+        workspace = str(self.workspace)
         return [
             Service("postgres", [p.postgres], self._postgres_cmd, self._postgres_ready, stop_signal=signal.SIGINT,
                     group=False, prepare=self._postgres_prepare, after=self._postgres_databases, user=_pg_user()),

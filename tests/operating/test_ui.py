@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from deploy import registry as reg
-from deploy.stack import free_port
-from tests.operating.services import BIN, Service, browse
+from deploy.stack import BIN, free_port
+from tests.operating.services import Service, browse
 from tests.conftest import copy_home
 
 pytestmark = pytest.mark.slow

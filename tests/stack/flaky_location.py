@@ -1,6 +1,6 @@
-"""The genrank code location with one transient fault, for the daemon tests: the dbt step of the day
-named by GENRANK_TEST_FAIL_ONCE ("DAY:MARKER_PATH") fails the first time it runs (the marker file records
-that it did). Everything else is pipelines.definitions unchanged."""
+"""The genrank code location with one transient fault, for the stack scenario (test_stack.py): the dbt step
+of the day named by GENRANK_TEST_FAIL_ONCE ("DAY:MARKER_PATH") fails the first time it runs (the marker file
+records that it did). Everything else is pipelines.definitions unchanged."""
 
 from __future__ import annotations
 
