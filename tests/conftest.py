@@ -91,11 +91,10 @@ def _home_state(home: Path) -> tuple[list, list]:
                    for p in (home / "lake").rglob("*") if p.is_file()))
 
 
-def _run_tiny_pipeline(tmp_path_factory):
-    from transforms.simulator import simulate
-
+def _run_tiny_pipeline(tmp_path_factory, tiny_world):
+    world, report = tiny_world
     home = tmp_path_factory.mktemp("e2e")
-    report = simulate(preset="tiny", seed=0, out=home)
+    shutil.copytree(world, home, dirs_exist_ok=True)   # the world is simulated once per session
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI")}
     env["GENRANK_HOME"] = str(home)
     # Wall-clock time must not decide a test: the latency gate is unit-tested in tests/test_gates.py.
@@ -108,12 +107,12 @@ def _run_tiny_pipeline(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_pipeline(tmp_path_factory):
+def tiny_pipeline(tmp_path_factory, tiny_world):
     """`genrank run` over every day of a fresh tiny world (a subprocess, as a user runs it):
     (home, SimulationReport, stdout). Read-only, so that no test depends on which ran before it: a test
     that changes the registry or the lake works on a copy_home of it, and the session fails at its end if
     the registry or the lake of this home changed."""
-    home, report, stdout = _run_tiny_pipeline(tmp_path_factory)
+    home, report, stdout = _run_tiny_pipeline(tmp_path_factory, tiny_world)
     before = _home_state(home)
     yield home, report, stdout
     assert _home_state(home) == before, "a test changed the session's tiny_pipeline home: work on copy_home(home, ...)"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 
 import dagster as dg
 import pyarrow.parquet as pq
@@ -50,23 +49,26 @@ def test_next_day_decision_grace_period():
     assert landing.next_day_decision(day, False, end_of_next + dt.timedelta(hours=6), 6) == "skip"
 
 
-def test_tiny_world_every_day_materialises_with_checks_passing_and_manifest_counts(tiny_world, tmp_path, shared_spark_resource):
-    root, _report = tiny_world
-    shutil.copytree(root / "landing", tmp_path / "landing")  # the shared world stays read-only
-    manifest = json.loads((root / "simulator" / "manifest.json").read_text())
+def test_tiny_world_every_day_materialised_with_checks_passing_and_manifest_counts(tiny_pipeline):
+    """Read from the session's `genrank run` of the tiny world (its Dagster instance): the daily processing that
+    every test shares, not a second one."""
+    home, _report, _ = tiny_pipeline
+    manifest = json.loads((home / "simulator" / "manifest.json").read_text())
+    instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
     mismatches, failed = {}, {}
     for day in manifest["days"]:
-        result = materialize_day(tmp_path, day, shared_spark_resource)
-        assert result.success
-        md = result.asset_materializations_for_node("events")[0].metadata
+        [record] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("events"), asset_partitions=[day]), limit=1).records
+        md = record.asset_materialization.metadata
         accounting = md["accounting"].value
         mismatches.update(expected_vs_actual(manifest, day, accounting))
         assert md["accounting_closes"].value is True
         assert md["events_rows"].value > 0 and md["rows_per_s"].value > 0
-        for name, ev in checks_of(result).items():
-            if not ev.passed:
-                failed[f"{day}/{name}"] = ev.description
-        assert set(checks_of(result)) == set(EVENTS_CHECKS.names())
+        checks = {e.dagster_event.event_specific_data.check_name: e.dagster_event.event_specific_data
+                  for e in instance.all_logs(record.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+                  if e.dagster_event.event_specific_data.asset_key == dg.AssetKey("events")}
+        assert set(checks) == set(EVENTS_CHECKS.names())
+        failed.update({f"{day}/{name}": ev.description for name, ev in checks.items() if not ev.passed})
         assert md["next_day_included"].value == (day != manifest["days"][-1])
     assert mismatches == {}, "quarantine/duplicate counts differ from the simulator manifest"
     assert failed == {}
