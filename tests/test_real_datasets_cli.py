@@ -74,7 +74,7 @@ def test_a_start_date_pinned_after_the_landed_days_is_a_one_line_error_that_writ
 def test_movielens_2015_through_import_and_run(movielens_landing, tmp_path):
     """Every day processed by the console script, the run ending in a champion or one line saying why none.
     Then one more day from a fresh interpreter that imports the modules in the order that froze the partition
-    set at 2026-01-01 before the data root was known (issue #38)."""
+    set at 2026-01-01 before the data root was known (issue #38), with -v and an unwritable report folder."""
     home = _landing_copy(movielens_landing, tmp_path / "home")
     out = _genrank("run", "--home", str(home), env=_env(home))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -84,12 +84,19 @@ def test_movielens_2015_through_import_and_run(movielens_landing, tmp_path):
     assert re.search(r"^(Champion: genrank-ctr v\d+ |No champion: .+\.$)", out.stdout, re.M), out.stdout
     assert "Traceback" not in out.stdout + out.stderr
 
+    # the day again, verbose, where the report cannot be written: the library logs are on the console, and the
+    # report is a warning naming why while the command still succeeds
+    shutil.rmtree(home / "reports")
+    (home / "reports").write_text("a file where the folder should be")
     broken_order = ("import sys, assets.partitions, pipelines.operating, pipelines.runner, pipelines.cli; "
-                    f"sys.exit(pipelines.cli.main(['run', '--home', {str(home)!r}, '--start', {DAYS[-1]!r}]))")
+                    f"sys.exit(pipelines.cli.main(['run', '--home', {str(home)!r}, '--start', {DAYS[-1]!r}, '-v']))")
     rerun = subprocess.run([sys.executable, "-c", broken_order], env=_env(home), capture_output=True, text=True,
                            timeout=1200)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert re.search(rf"^{DAYS[-1]}  (ok    |refused)  ", rerun.stdout, re.M), rerun.stdout
+    console = rerun.stdout + rerun.stderr
+    assert "Running with dbt" in console and "dagster - INFO" in console
+    assert re.search(r"^warning: no run report \((FileExistsError|NotADirectoryError): ", rerun.stdout, re.M), rerun.stdout
 
 
 def test_the_code_location_loaded_on_its_own_starts_at_the_first_landing_day(movielens_landing):
