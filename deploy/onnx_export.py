@@ -30,10 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx_ir
 import torch
 import torch.nn as nn
-from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
 from models.config import StudentConfig, from_dict, to_dict
 from models.data import StudentTokens, collate_student
@@ -164,6 +162,11 @@ def _example(student: Student) -> tuple[torch.Tensor, ...]:
 
 def export_onnx(student: Student, path: str | os.PathLike) -> Path:
     """Export the student's serving path to ``path`` (one self-contained file); returns the path."""
+    # onnx_ir and onnxscript load here, not with the module: every process that loads the code location
+    # (run workers, code servers, `genrank` itself) imports this module, and they took ~1 s of its start-up
+    import onnx_ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
     path = Path(path)
     scorer = RequestScorer(student).eval()
     E, G, N = (torch.export.Dim(n, min=0) for n in ("events", "groups", "candidates"))
