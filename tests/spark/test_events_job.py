@@ -201,8 +201,11 @@ def test_all_garbage_day_accepts_nothing_and_counts_everything(spark, tmp_path):
 
 
 def test_rerun_replaces_the_partition_exactly(spark, tmp_path):
+    """A rerun replaces the day exactly, and neither run leaves a block behind in the session (the job's
+    checkpoints are released when its day ends: the session runs day after day)."""
     world = make_world(tmp_path, start="2026-02-01", n_days=2, n_imps=30, n_beh=10, seed=3)
     day = world.days[0]
+    held = spark.sparkContext._jsc.getPersistentRDDs().size()
     r1 = run_events_job(spark, tmp_path, day)
     first = read_dir(r1.events_path)
     first_q = read_dir(r1.quarantine_path)
@@ -215,6 +218,7 @@ def test_rerun_replaces_the_partition_exactly(spark, tmp_path):
     lake = tmp_path / "lake"
     assert sorted(p.name for p in (lake / "events").iterdir()) == [f"date={day}"]
     assert sorted(p.name for p in (lake / "quarantine").iterdir()) == [f"date={day}"]
+    assert spark.sparkContext._jsc.getPersistentRDDs().size() == held
 
 
 def test_crash_mid_write_leaves_the_old_partition(spark, tmp_path):
