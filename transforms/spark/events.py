@@ -89,11 +89,12 @@ naming it (``genrank landing quarantine-file`` releases the day).
 the frames built on it (attribution, the counts, both writes) are analysed and planned over two small
 leaves instead of over the whole parse, rules and deduplication plan, which Spark re-analyses for every
 frame derived from it. That analysis was most of a day's fixed cost: on the tiny world's days (~2k
-lines, warm JVM, local[2]) the job took ~5.5 s instead of ~12 s, and its first day in a cold JVM ~20 s
-instead of 30-43 s (measured side by side on a loaded machine). The price is on a cluster: blocks
-lost with an executor cannot be recomputed, so the job fails instead of redoing part of it, and the
-daily run's retry reruns the step (the same path as a lost cluster, see ``transforms/spark/session``).
-Both checkpoints are released when the day ends (:func:`_release`), as the caches were.
+lines, local[2], 2 quiet cores) a day took 3.5-4.8 s instead of 7.9-10.8 s once the JVM was warm, and
+the first day in a cold JVM 12-13 s instead of 19-22 s (benchmarks/RESULTS.md, "A day's fixed cost").
+The price is on a cluster: blocks lost with an executor cannot be recomputed, so the job fails instead
+of redoing part of it, and the daily run's retry reruns the step (the same path as a lost cluster, see
+``transforms/spark/session``). Both checkpoints are released when the day ends (:func:`_release`), as
+the caches were.
 
 Writes are atomic: each table is written into a hidden ``.tmp-date=D-*`` sibling and renamed over
 ``date=D`` (the previous version is moved aside first and deleted after), so a rerun of D replaces D
