@@ -88,9 +88,9 @@ naming it (``genrank landing quarantine-file`` releases the day).
 **Checkpoints, not caches.** A local checkpoint is a cache whose frame forgets how it was computed:
 the frames built on it (attribution, the counts, both writes) are analysed and planned over two small
 leaves instead of over the whole parse, rules and deduplication plan, which Spark re-analyses for every
-frame derived from it. That analysis was most of a day's fixed cost: on the tiny world's days (~2k
-lines, local[2], 2 quiet cores) a day took 3.5-4.8 s instead of 7.9-10.8 s once the JVM was warm, and
-the first day in a cold JVM 12-13 s instead of 19-22 s (benchmarks/RESULTS.md, "A day's fixed cost").
+frame derived from it. That analysis was most of a day's fixed cost: a warm tiny-world day (~2k lines,
+local[2], 2 quiet cores) took 4.85 s instead of 9.95 s, x53 Spark's own ``from_json`` floor instead of
+x98 (``benchmarks/spark_aggregation.py --preset tiny``; benchmarks/RESULTS.md, "A day's fixed cost").
 The price is on a cluster: blocks lost with an executor cannot be recomputed, so the job fails instead
 of redoing part of it, and the daily run's retry reruns the step (the same path as a lost cluster, see
 ``transforms/spark/session``). Both checkpoints are released when the day ends (:func:`_release`), as
