@@ -26,15 +26,20 @@ class Teacher(RankingBackbone):
         x = self.embed(t["feats"])
         if self.cross is not None:
             x = x.index_add(0, torch.nonzero(t["is_target"]).squeeze(1), self.cross(t["cross"]).to(x.dtype))
-        lo, hi = self.bounds(batch, serving)
-        cs = self.rope.angles(rope_positions(self.cfg.rope, t["ts"], t["offsets"]))
-        for blk in self.blocks:
-            x = blk(x, lo, hi, cs)
+        x = self.contextualise(x, *self.bounds(batch, serving), t)
         h = x[t["is_target"]]
         out = {"logits": self.heads(h)}
         if not serving:
             out["click_type"], out["dwell"] = self.aux(h)
         return out
+
+    def contextualise(self, x, lo, hi, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The token stack: each token attends its [lo, hi) interval, positioned by time RoPE. The hook through which
+        the quality report's HSTU-style ranker (benchmarks/quality_suite/hstu.py) swaps the layer, nothing else."""
+        cs = self.rope.angles(rope_positions(self.cfg.rope, t["ts"], t["offsets"]))
+        for blk in self.blocks:
+            x = blk(x, lo, hi, cs)
+        return x
 
     def loss_sums(self, out, tg) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
         return label_loss_sums(out, tg, self.cfg.backbone)

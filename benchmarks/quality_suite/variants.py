@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from benchmarks.quality_suite.ablations import NoHistoryConfig, PositionInputConfig, ablated
+from benchmarks.quality_suite.hstu import HSTUConfig
 
 # the seed papers' ablations of the student without KD (report.py SEED_EXPECTATIONS: their published effects).
 # TM20K's LPTM has none: the served student (2 layers, StudentConfig.lptm_every 2) has no layer it could merge
@@ -42,6 +43,9 @@ LEVERS = {
     # probabilities are better targets than the labels for a student that sees only what serving sees.
     "teacher_privileged": ("teacher", lambda c: dataclasses.replace(c, mask=dataclasses.replace(c.mask, delay_ms=1)),
                            "teacher, privileged: sees everything before each target, scored so (vs the full-information oracle)"),
+    # issue #34 item 4: HSTU's layer (pointwise SiLU attention, relative time bias) on the teacher's tokens, data and
+    # size, in place of CADET's gated softmax block (hstu.py)
+    "hstu": ("teacher", HSTUConfig.like, "HSTU-style ranker (the teacher's tokens and size, HSTU's layer)"),
     # KD from a lever's teacher (the fourth element) instead of the default one
     "student_kd_privileged": ("kd", lambda c: c, "student, KD from the privileged teacher", "teacher_privileged"),
 }
