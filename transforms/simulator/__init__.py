@@ -18,7 +18,9 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import pickle
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,69 +113,72 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
     check_shift_day(cfg.shift_day, days)
     catalog = Catalog.build(cfg, seed)
 
-    per_day: dict[str, dict[str, list[dict]]] = {d: {k: [] for k in landing.FILE_KINDS} for d in days}
-    oracle: list[tuple] = []
+    oracle: list[pd.DataFrame] = []
     effects: list[np.ndarray] = []
-    impression_day: dict[str, str] = {}
-    for user in range(1, cfg.n_users + 1):
-        stream = simulate_user(cfg, catalog, seed, user)
-        for rec in stream.impressions:
-            d = landing.day_of_ms(rec["ts_ms"]).isoformat()
-            per_day[d]["impressions"].append(rec)
-            impression_day[rec["impression_id"]] = d
-        for rec in stream.behaviors:
-            per_day[landing.day_of_ms(rec["ts_ms"]).isoformat()]["behaviors"].append(rec)
-        for rec in stream.clicks:
-            per_day.setdefault(landing.day_of_ms(rec["ts_ms"]).isoformat(), {k: [] for k in landing.FILE_KINDS})["clicks"].append(rec)
-        oracle.extend(stream.oracle)
-        effects.extend(stream.effects)
-
+    clicked_impression_day: dict[str, str] = {}   # the day of each clicked impression (its click may land later)
+    clicks_beyond_range = behaviors = 0
     rates = cfg.defects
-    rng = np.random.default_rng([seed, 2])
-    # Clicks logged late: some clicks of day D are written into D+1's file although they happened on D.
-    clicks_beyond_range = 0
-    click_files: dict[str, list[dict]] = {d: [] for d in days}
-    for d in sorted(per_day):
-        for rec in per_day[d]["clicks"]:
-            file_day = d
-            if d in day_index and rng.random() < rates.late_logged_click:
-                file_day = _next_day(d)
-            if file_day in click_files:
-                click_files[file_day].append(rec)
-            else:
-                clicks_beyond_range += 1
-    for d in days:
-        per_day[d]["clicks"] = sorted(click_files[d], key=lambda r: r["ts_ms"])
-        for kind in ("impressions", "behaviors"):
-            per_day[d][kind].sort(key=lambda r: r["ts_ms"])
-
-    destroyed_impressions: set[str] = set()
-    destroyed: dict[tuple[str, str], list[str | None]] = {}
-    for d in days:
-        for kind in landing.FILE_KINDS:
-            destroyed[d, kind] = defects.choose_destroyed(per_day[d][kind], rates, np.random.default_rng([seed, 3, day_index[d], len(kind)]))
-        destroyed_impressions.update(
-            r["impression_id"] for r, x in zip(per_day[d]["impressions"], destroyed[d, "impressions"]) if x)
-
     files: dict[str, dict[str, dict[str, int]]] = {}
-    for d in days:
-        i = day_index[d]
-        files[d] = {}
-        lines = {}
-        for kind in landing.FILE_KINDS:
-            recs = per_day[d][kind]
-            orphan = late = None
-            if kind == "clicks":
-                orphan = [r["impression_id"] in destroyed_impressions for r in recs]
-                late = [impression_day[r["impression_id"]] != d for r in recs]
-            result = defects.inject(kind, recs, destroyed[d, kind], rates,
-                                    np.random.default_rng([seed, 4, i, len(kind)]), orphan=orphan, late=late,
-                                    extra_field=i >= rates.extra_field_from_day)
-            files[d][kind] = result.counts
-            lines[kind] = result.lines
-        landing.write_day(out, d, lines)
+    out.mkdir(parents=True, exist_ok=True)   # the spill lies in the data root, which holds the world anyway
+    with tempfile.TemporaryDirectory(prefix=".simulator-spill-", dir=out) as tmp, \
+            _DaySpill(Path(tmp)) as spill:
+        # Users are simulated over every day at once; their records go to disk by day and file, so that only one
+        # day's records are ever held (the `large` world's 7 M lines as dicts were 7 GB).
+        for user in range(1, cfg.n_users + 1):
+            stream = simulate_user(cfg, catalog, seed, user)
+            clicked = {rec["impression_id"] for rec in stream.clicks}
+            by_day: dict[tuple[str, str], list[dict]] = {}
+            for kind, recs in (("impressions", stream.impressions), ("behaviors", stream.behaviors),
+                               ("clicks", stream.clicks)):
+                for rec in recs:
+                    d = landing.day_of_ms(rec["ts_ms"]).isoformat()
+                    if kind == "clicks" and d not in day_index:
+                        clicks_beyond_range += 1
+                        continue
+                    by_day.setdefault((d, kind), []).append(rec)
+                    if kind == "impressions" and rec["impression_id"] in clicked:
+                        clicked_impression_day[rec["impression_id"]] = d
+            spill.add(by_day)
+            behaviors += len(stream.behaviors)
+            if stream.oracle:
+                oracle.append(pd.DataFrame(stream.oracle, columns=list(ORACLE_COLUMNS)))
+                effects.append(np.concatenate(stream.effects))
 
-    oracle_df = pd.DataFrame(oracle, columns=list(ORACLE_COLUMNS))
+        # Day by day, in order: what a day's files need of the days before it is carried (the clicks logged late
+        # into it, the impressions destroyed before it), so the draws are those of one pass over every day at once.
+        late_rng = np.random.default_rng([seed, 2])
+        logged_late: list[dict] = []       # clicks of the previous day written into this day's file
+        destroyed_impressions: set[str] = set()
+        for i, d in enumerate(days):
+            records = {kind: spill.load(d, kind) for kind in landing.FILE_KINDS}
+            on_time = []
+            carried, logged_late = logged_late, []
+            for rec in records["clicks"]:
+                (logged_late if late_rng.random() < rates.late_logged_click else on_time).append(rec)
+            records["clicks"] = carried + on_time
+            for kind in landing.FILE_KINDS:
+                records[kind].sort(key=lambda r: r["ts_ms"])
+            destroyed = {kind: defects.choose_destroyed(records[kind], rates, np.random.default_rng([seed, 3, i, len(kind)]))
+                         for kind in landing.FILE_KINDS}
+            destroyed_impressions.update(
+                r["impression_id"] for r, x in zip(records["impressions"], destroyed["impressions"]) if x)
+            files[d] = {}
+            lines = {}
+            for kind in landing.FILE_KINDS:
+                recs = records[kind]
+                orphan = late = None
+                if kind == "clicks":
+                    orphan = [r["impression_id"] in destroyed_impressions for r in recs]
+                    late = [clicked_impression_day[r["impression_id"]] != d for r in recs]
+                result = defects.inject(kind, recs, destroyed[kind], rates,
+                                        np.random.default_rng([seed, 4, i, len(kind)]), orphan=orphan, late=late,
+                                        extra_field=i >= rates.extra_field_from_day)
+                files[d][kind] = result.counts
+                lines[kind] = result.lines
+            landing.write_day(out, d, lines)
+        clicks_beyond_range += len(logged_late)   # the last day's late clicks belong to a file after the world
+
+    oracle_df = pd.concat(oracle, ignore_index=True) if oracle else pd.DataFrame(columns=list(ORACLE_COLUMNS))
     oracle_df["logged"] = ~oracle_df["impression_id"].isin(destroyed_impressions)
     _write_oracle(out, oracle_df)
     auc_full, auc_serving = oracle_aucs(oracle_df)
@@ -183,7 +188,7 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
     totals = defects.manifest_totals(files)
     report = SimulationReport(
         preset=preset, seed=seed, days=days, users=cfg.n_users, impressions=len(oracle_df),
-        clicks=int(oracle_df["clicked"].sum()), behaviors=sum(len(per_day[d]["behaviors"]) for d in days),
+        clicks=int(oracle_df["clicked"].sum()), behaviors=behaviors,
         defects=totals, clicks_beyond_range=clicks_beyond_range, oracle_auc=auc_full,
         oracle_auc_serving=auc_serving, seconds=time.perf_counter() - started, out=out, effect_shares=shares,
     )
@@ -191,8 +196,41 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
     return report
 
 
-def _next_day(day: str) -> str:
-    return (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
+class _DaySpill:
+    """Records on disk by (day, file kind): ``add`` appends a user's lists, ``load`` reads a day's back in the
+    order they were added. Pickle, in a private temporary folder this process made and removes."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.handles: dict[tuple[str, str], object] = {}
+
+    def __enter__(self) -> "_DaySpill":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles.values():
+            handle.close()
+
+    def add(self, by_day: dict[tuple[str, str], list[dict]]) -> None:
+        for key, records in by_day.items():
+            if key not in self.handles:
+                self.handles[key] = open(self.folder / f"{key[0]}-{key[1]}.pickle", "ab")
+            pickle.dump(records, self.handles[key], protocol=pickle.HIGHEST_PROTOCOL)
+
+    def load(self, day: str, kind: str) -> list[dict]:
+        handle = self.handles.pop((day, kind), None)
+        if handle is None:
+            return []
+        handle.close()
+        records: list[dict] = []
+        with open(self.folder / f"{day}-{kind}.pickle", "rb") as f:
+            while True:
+                try:
+                    records.extend(pickle.load(f))
+                except EOFError:
+                    break
+        (self.folder / f"{day}-{kind}.pickle").unlink()
+        return records
 
 
 def oracle_aucs(oracle_df: pd.DataFrame) -> tuple[float, float]:
