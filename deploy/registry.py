@@ -66,8 +66,14 @@ def data_fingerprint(paths: list[Path]) -> str:
 def input_example(samples: Path) -> pd.DataFrame:
     """The first user-day of a training_samples partition (at most 64 events): a registered version's example."""
     df = pd.read_parquet(samples)
-    first_user = df["user_id"].iloc[0]
-    return df[df["user_id"] == first_user].head(64).reset_index(drop=True)
+    return df[df["user_id"] == df["user_id"].iloc[0]].head(64).reset_index(drop=True)
+
+
+def scored_user_day(samples: Path) -> pd.DataFrame:
+    """The first user-day of a training_samples partition that has a target to score, whole."""
+    df = pd.read_parquet(samples)
+    user = df.loc[df["is_target"].fillna(False).astype(bool), "user_id"].iloc[0]
+    return df[df["user_id"] == user].reset_index(drop=True)
 
 
 @dataclass
@@ -140,6 +146,8 @@ class Registry:
         """Record a freshly trained ``model`` as one MLflow run of the experiment ``name`` (its config as
         parameters, ``train_loss`` per step of ``history``) and register it as a new version of ``name``
         (log_version), with ``samples``' first user-day as the input example; returns the version."""
+        from mlflow.entities import Metric
+
         from models import predict, save_model
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -147,11 +155,17 @@ class Registry:
             run_id = self.client.create_run(self.experiment_id(name), run_name=run_name, tags=run_tags).info.run_id
             for k, v in dataclasses.asdict(model.cfg).items():
                 self.client.log_param(run_id, k, str(v)[:500])
-            for i, h in enumerate(history):
-                if "loss" in h:
-                    self.client.log_metric(run_id, "train_loss", float(h["loss"]), step=i)
+            # one call per 1,000 steps, not one per step (a SQLite commit each: seconds for a teacher)
+            now = int(time.time() * 1000)
+            losses = [Metric("train_loss", float(h["loss"]), now, i) for i, h in enumerate(history) if "loss" in h]
+            for first in range(0, len(losses), 1000):
+                self.client.log_batch(run_id, metrics=losses[first:first + 1000])
+            # the output example (its schema is the signature's) is one user-day's scores: scoring the whole day for
+            # it cost a teacher ten seconds
             example = input_example(samples)
-            output = predict(model, str(samples)).drop(columns=["user_id"]).head(len(example))
+            with tempfile.TemporaryDirectory() as scratch:
+                scored_user_day(samples).to_parquet(Path(scratch) / "user_day.parquet", index=False)
+                output = predict(model, scratch).drop(columns=["user_id"]).head(len(example))
             version = self.log_version(name, run_id, checkpoint, example, output, tags=tags, description=description,
                                        extra_artifacts=extra_artifacts)
             self.client.set_terminated(run_id)
