@@ -49,7 +49,9 @@ day by day, KD from teachers on the pipeline's schedule that never trained on th
 the KD and teacher levers of issue #18 (LEVERS); ablations of the student without KD: no cross features (MTGR's
 target-side counters, FeatureConfig.cross_windows_days=()), no position heads (position
 as an input, the default slot at serving, one head), no delay mask in training, index RoPE instead
-of time RoPE, LITM / PATM / LPTM off. Results are kept in <world>/quality/results.json, so an
+of time RoPE, no self-gating (input and Q/K gates), no QK-norm, LITM / PATM off (the served student carries no
+LPTM: it has no layer to merge before). An HSTU-style ranker (`hstu`, quality_suite/hstu.py) sits beside the
+teacher: its tokens, data and size with HSTU's layer. Results are kept in <world>/quality/results.json, so an
 interrupted run resumes where it stopped (same sizes and days).
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ from benchmarks.quality_suite.hstu import HSTUConfig
 # the seed papers' ablations of the student without KD (report.py SEED_EXPECTATIONS: their published effects).
 # TM20K's LPTM has none: the served student (2 layers, StudentConfig.lptm_every 2) has no layer it could merge
 # before, so it is served without it (models.config.student_config).
-ABLATIONS = ["no_position_heads", "no_train_delay", "index_rope", "no_litm", "no_patm"]
+ABLATIONS = ["no_position_heads", "no_train_delay", "index_rope", "no_gates", "no_qk_norm", "no_litm", "no_patm"]
 # the student trained as the pipeline's daily chain trains it (protocol.py), without and with KD
 DAILY = ("student_daily", "student_daily_kd")
 
@@ -68,6 +68,8 @@ LABELS = {
     "no_position_heads": "- no position heads (position input, default slot at serving, 1 head)",
     "no_train_delay": "- no delay mask in training",
     "index_rope": "- index RoPE instead of time RoPE",
+    "no_gates": "- no self-gating (CADET's input gate and Q/K gates off)",
+    "no_qk_norm": "- no QK-norm",
     "no_litm": "- LITM off",
     "no_patm": "- PATM off",
     "no_cross_features": "- no cross features (MTGR)",
@@ -132,6 +134,10 @@ def student_variant(base, name: str):
         return r(base, mask=r(base.mask, train_delay=False))
     if name == "index_rope":
         return r(base, rope=RoPEConfig(mode="index"))
+    if name == "no_gates":
+        return _bb(input_gate=False, qk_gate=False)(base)
+    if name == "no_qk_norm":
+        return _bb(qk_norm=False)(base)
     if name in ("no_litm", "no_patm"):
         return r(base, **{name.removeprefix("no_"): False})
     raise ValueError(name)
