@@ -53,11 +53,21 @@ def _world_digest(root: Path) -> str:
     return h.hexdigest()
 
 
+# The world 820bca9 (before the draws went through precomputed CDFs) simulates for tiny, seed 3, shifted on its
+# third day, digested by _world_digest, on each kind of CPU it was run on: 820bca9 itself gives another digest on
+# this AMD EPYC (AVX2, no AVX-512) than on the machines of 2026-12-05, most likely because numpy's vectorised
+# exp/log take other code paths per instruction set and differ in the last bit, which flips a few draws. A new
+# kind of machine: run 820bca9 there and add its digest.
+WORLD_AT_820BCA9 = {
+    "495a1588f20d62b493061b1f3352e1f10b62e620a92ca3b780a8f3ef96f1a961": "the machines of 2026-12-05",
+    "4c818d783d3c77476125a888de967dc47681530c586d5319d2897979e79d0350": "AMD EPYC, AVX2 without AVX-512 (2026-12-06)",
+}
+
+
 def test_a_seeds_world_is_the_one_it_always_was(tmp_path):
-    """Speed work on the simulator may not change a world: tiny, seed 3, shifted on its third day (every draw,
-    the shift's included), digested as at 820bca9, before the draws went through precomputed CDFs."""
+    """Speed work on the simulator may not change a world: every draw, the shift's included, as at 820bca9."""
     simulate(preset="tiny", seed=3, out=tmp_path, config=resolve_config("tiny", shift_day="2026-01-03"))
-    assert _world_digest(tmp_path) == "495a1588f20d62b493061b1f3352e1f10b62e620a92ca3b780a8f3ef96f1a961"
+    assert _world_digest(tmp_path) in WORLD_AT_820BCA9
 
 
 def _classify(kind: str, line: str):
