@@ -71,7 +71,7 @@ class ModelSizeConfig(dg.Config):
         return ModelSizes(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ModelSizes)})
 
     def train_config(self):
-        """The TrainConfig of these sizes, with torch's intra-op threads set for the run (>1 thrashes on shared cores)."""
+        """The TrainConfig of these sizes, with torch's intra-op threads set for the run (GENRANK_TORCH_THREADS)."""
         import torch
 
         from models.config import train_config

@@ -4,6 +4,7 @@ what preset("demo") builds), and variables read when a run starts, not when the 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pydantic
 import pytest
@@ -51,6 +52,12 @@ def test_torch_threads_are_read_when_the_run_starts(monkeypatch):
         assert torch.get_num_threads() == 3
         training.StudentTrainingConfig(torch_threads=2).train_config()
         assert torch.get_num_threads() == 2
+        monkeypatch.setenv("GENRANK_TORCH_THREADS", "0")
+        training.StudentTrainingConfig().train_config()
+        assert torch.get_num_threads() == len(os.sched_getaffinity(0))
+        monkeypatch.setenv("GENRANK_TORCH_THREADS", "-1")
+        with pytest.raises(ValueError, match="GENRANK_TORCH_THREADS"):
+            training.StudentTrainingConfig().train_config()
     finally:
         torch.set_num_threads(before)
 
