@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import dagster as dg
@@ -299,3 +300,14 @@ def test_the_samples_checks_of_a_range_fail_naming_the_failing_day(tmp_path, ful
     bucket = checks["samples_bucket_range"]
     assert not bucket.passed and bucket.description.startswith(f"{DAYS[2]}: ")
     assert bucket.metadata["days"].value == DAYS and bucket.metadata["failed_days"].value == [DAYS[2]]
+
+
+def test_the_dbt_resource_knows_the_executables_version_without_running_it():
+    """EnvironmentDbt answers dagster-dbt's version question from the installed dbt-core; it must be what the
+    executable says, and dagster-dbt must still ask there (else the override is dead and the 4 s are back)."""
+    from dagster_dbt import DbtCliResource
+
+    resource = dbt_resource()
+    said = subprocess.run([resource.dbt_executable, "--version"], capture_output=True, text=True, check=True).stdout
+    assert f"installed: {resource._cli_version}" in said
+    assert "_cli_version" in vars(DbtCliResource)

@@ -8,12 +8,11 @@ import os
 from pathlib import Path
 
 import dagster as dg
-from dagster_dbt import DbtCliResource
-
 import pipelines.definitions as genrank
+from assets.sequences import EnvironmentDbt
 
 
-class FlakyDbt(DbtCliResource):
+class FlakyDbt(EnvironmentDbt):
     fail_once: str = ""
 
     def cli(self, args, **kwargs):
