@@ -5,12 +5,16 @@ quarantined with a reason, and a day scored by the real service shows no skew (a
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 
 import dagster as dg
 import orjson
+import pandas as pd
 import pytest
 
+import deploy.monitoring as monitoring
+from contracts import layout
 from deploy.monitoring import ERROR, PASS, QUARANTINE, input_drift, landing_impressions, monitor_day, read_log
 from transforms import landing
 from transforms.simulator import SimulationError, resolve_config, simulate
@@ -42,6 +46,22 @@ def test_the_shift_changes_the_world_from_its_day_only(shifted_world, tiny_world
             assert (ads < TINY.n_ads).all()
         else:            # every ad shown comes from the new pool
             assert (ads >= TINY.n_ads).all() and len(ads) > 100
+
+
+def test_a_landing_day_is_parsed_once_per_version_of_its_files(tiny_world, tmp_path, monkeypatch):
+    root, day = tmp_path / "world", "2026-01-02"
+    shutil.copytree(tiny_world[0], root)
+    first = landing_impressions(root, day)
+    parsed = []
+    parse = monitoring._parse_landing_impressions
+    monkeypatch.setattr(monitoring, "_parse_landing_impressions", lambda *a: parsed.append(a) or parse(*a))
+    pd.testing.assert_frame_equal(landing_impressions(root, day), first)
+    assert parsed == []
+    landed = next(p for p in sorted(landing.day_dir(root, day).iterdir()) if p.name.startswith("impressions"))
+    os.utime(landed, ns=(landed.stat().st_atime_ns, landed.stat().st_mtime_ns + 1))   # the file landed again
+    pd.testing.assert_frame_equal(landing_impressions(root, day), first)
+    assert len(parsed) == 1
+    assert len(list(layout.partition(root, monitoring.LANDING_FEATURES, day).iterdir())) == 1
 
 
 @pytest.mark.parametrize("shift_day", ["2026-01-01", "2026-02-01", "January"])
