@@ -31,7 +31,6 @@ from assets.resources import GenrankPaths, SparkResource
 from quality.events import EVENTS_CHECKS, EventsThresholds, QuarantineRates, RateLimit, validate_events
 from quality.framework import to_check_results
 from transforms import landing
-from transforms.landing_watch import day_fingerprint
 from transforms.spark.events import run_events_job
 
 from assets.raw_logs import raw_logs
@@ -128,7 +127,7 @@ def events(context: dg.AssetExecutionContext, config: EventsConfig, spark: Spark
         "source_declared_empty": result.source_declared_empty,
         "next_day_included": result.next_day_included,
         # what the landing sensor compares to decide whether this day must run again
-        "landing_fingerprint": day_fingerprint(paths.root, day, include_next=(decision == "use")),
+        "landing_fingerprint": landing.day_fingerprint(paths.root, day, include_next=(decision == "use")),
         "previous_day_included": result.previous_day_included,
         "attribution_window_min": result.attribution_window_min,
         "lines_read": result.lines_read,

@@ -62,9 +62,8 @@ from contracts import layout
 from deploy.gates import GateConfig
 from deploy.onnx_export import PARITY_TOLERANCE
 from deploy.prediction_log import day_of
-from deploy.replay import day_requests
+from deploy.replay import day_requests, landing_version
 from transforms.atomic import staged_dir
-from transforms.landing_watch import day_fingerprint
 
 PSI_WARN, PSI_ERROR = 0.1, 0.25     # Siddiqi 2006: < 0.1 stable, 0.1-0.25 moderate, > 0.25 major shift
 DRIFT_P = 0.01                      # a PSI over a threshold counts only when the permutation test rejects
@@ -311,7 +310,7 @@ def landing_impressions(home: Path, day: str) -> pd.DataFrame:
     landed again gets a new one): the drift's reference window grows with the served versions' data windows, and
     re-parsing its gzip JSON every day made serving_monitor grow 11 -> 42 s over four days of the `large` world."""
     folder = layout.partition(home, LANDING_FEATURES, day)
-    kept = folder / f"{day_fingerprint(home, day, include_next=False)}.parquet"
+    kept = folder / f"{landing_version(home, day)}.parquet"
     if kept.exists():
         return pd.read_parquet(kept)
     frame = _parse_landing_impressions(home, day)

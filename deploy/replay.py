@@ -30,8 +30,8 @@ import numpy as np
 import orjson
 
 from contracts import DAY_MS
-from transforms.landing import (DEVICES, INTEGER_KEYS, REQUIRED_KEYS, SURFACE_SLOTS, SURFACES, day_start_ms,
-                                open_day, read_lines)
+from transforms.landing import (DEVICES, INTEGER_KEYS, REQUIRED_KEYS, SURFACE_SLOTS, SURFACES, day_fingerprint,
+                                day_start_ms, open_day, read_lines)
 
 KIND = "impressions"
 ENUMS = {"surface": SURFACES, "device": DEVICES}
@@ -80,6 +80,12 @@ class DayRequests:
     bodies: list[bytes]                                   # the score requests, in time order
     lines: int = 0                                        # impression lines read (blank ones excluded)
     skipped: Counter = field(default_factory=Counter)     # reason -> lines
+
+
+def landing_version(root: Path, day: str) -> str:
+    """Which version of day D's landing files day_requests would read (their fingerprint: any file landed again
+    changes it)."""
+    return day_fingerprint(root, day, include_next=False)
 
 
 def day_requests(root: Path, day: str) -> DayRequests:

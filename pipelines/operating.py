@@ -3,7 +3,7 @@ that a blocking check stopped is marked so that nothing retries it in a loop.
 
 One day at a time, in date order. A day's state lives in the Dagster instance, not in a sensor cursor:
 - **done** when the newest ``events`` materialisation of the day carries the landing fingerprint the
-  day has now (``transforms.landing_watch.day_fingerprint``) and the run that made it, or its retry,
+  day has now (``transforms.landing.day_fingerprint``) and the run that made it, or its retry,
   succeeded (a challenger the promotion gates refused is a decision inside a successful run);
 - **blocked** when a run was already requested for the day's current content and ended failed: a
   failed blocking check, or a step that failed again after its one retry. It stays blocked until the
@@ -79,7 +79,7 @@ def day_statuses(instance: dg.DagsterInstance, root: Path, now: dt.datetime, gra
             yield DayStatus(day, "waiting", f"{day} waits for landing {next_day} (its late clicks) or the end of "
                                             f"the {grace_hours:g} h grace period after it")
             continue
-        fingerprint = landing_watch.day_fingerprint(root, day, include_next=(decision == "use"))
+        fingerprint = landing.day_fingerprint(root, day, include_next=(decision == "use"))
         state, why = day_state(instance, day, fingerprint)
         yield DayStatus(day, state, why, DayRequest(day, fingerprint, decision == "skip"))
 

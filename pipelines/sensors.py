@@ -28,7 +28,7 @@ def landing_sensor(context: dg.SensorEvaluationContext, paths: GenrankPaths) -> 
     reported: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
     events, current = [], {}
     for day in landing_watch.scan(paths.root).complete:
-        current[day] = landing_watch.day_fingerprint(paths.root, day, include_next=False)
+        current[day] = landing.day_fingerprint(paths.root, day, include_next=False)
         if reported.get(day) != current[day]:
             counts = json.loads((landing.day_dir(paths.root, day) / landing.SUCCESS_MARKER).read_text() or "{}")
             events.append(dg.AssetMaterialization(

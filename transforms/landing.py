@@ -154,6 +154,22 @@ def shift_day(day: str, days: int) -> str:
     return (dt.date.fromisoformat(day) + dt.timedelta(days=days)).isoformat()
 
 
+def day_fingerprint(root: str | os.PathLike, day: str, include_next: bool) -> str:
+    """A short digest of what events(day) reads: the day's files and ``_SUCCESS`` and, when the run uses
+    it, D+1's (late clicks label D's impressions). Any added, removed or replaced file changes it."""
+    digest = hashlib.sha256()
+    days = [day, shift_day(day, 1)] if include_next else [day]
+    for d in days:
+        folder = day_dir(root, d)
+        digest.update(f"{d}\n".encode())
+        for f in sorted(folder.iterdir()):
+            if f.is_file() and not f.name.startswith("."):
+                st = f.stat()
+                digest.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        digest.update((folder / SUCCESS_MARKER).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def is_complete(root: str | os.PathLike, day: dt.date | str) -> bool:
     """A landing day is complete once its ``_SUCCESS`` marker is in place (a writer renames it in whole)."""
     return (day_dir(root, day) / SUCCESS_MARKER).exists()

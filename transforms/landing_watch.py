@@ -10,13 +10,12 @@ and replacing a file changes its size or modification time.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 
 from contracts import layout
-from transforms.landing import SUCCESS_MARKER, day_dir, shift_day
+from transforms.landing import SUCCESS_MARKER
 
 
 @dataclass(frozen=True)
@@ -56,22 +55,6 @@ def scan(root: str | os.PathLike) -> LandingScan:
             continue
         complete.append(day)
     return LandingScan(complete, problems)
-
-
-def day_fingerprint(root: str | os.PathLike, day: str, include_next: bool) -> str:
-    """A short digest of what events(day) reads: the day's files and ``_SUCCESS`` and, when the run uses
-    it, D+1's (late clicks label D's impressions). Any added, removed or replaced file changes it."""
-    digest = hashlib.sha256()
-    days = [day, shift_day(day, 1)] if include_next else [day]
-    for d in days:
-        folder = day_dir(root, d)
-        digest.update(f"{d}\n".encode())
-        for f in sorted(folder.iterdir()):
-            if f.is_file() and not f.name.startswith("."):
-                st = f.stat()
-                digest.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        digest.update((folder / SUCCESS_MARKER).read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def _is_iso_date(text: str) -> bool:
