@@ -98,8 +98,8 @@ train_procs = _number("GENRANK_TRAIN_PROCS", int)
 def torch_threads() -> int:
     """GENRANK_TORCH_THREADS: torch's intra-op threads for training; 0 (the default) is every core this process may
     use. On 2 quiet cores two threads ran `make demo` 1.15x faster than one, the teacher 1.39x, with the same output
-    (benchmarks/RESULTS.md, "Two torch threads in the daily run")."""
-    threads = _number("GENRANK_TORCH_THREADS", int)()
+    (benchmarks/RESULTS.md, "Two torch threads, one dbt start less, the landing parsed once")."""
+    threads = int(env("GENRANK_TORCH_THREADS", VARIABLES["GENRANK_TORCH_THREADS"][0]))
     if threads < 0:
         raise ValueError(f"GENRANK_TORCH_THREADS must be 0 (every core) or a positive count, got {threads}")
     return threads or len(os.sched_getaffinity(0))

@@ -156,7 +156,9 @@ def shift_day(day: str, days: int) -> str:
 
 def day_fingerprint(root: str | os.PathLike, day: str, include_next: bool) -> str:
     """A short digest of what events(day) reads: the day's files and ``_SUCCESS`` and, when the run uses
-    it, D+1's (late clicks label D's impressions). Any added, removed or replaced file changes it."""
+    it, D+1's (late clicks label D's impressions). Any added, removed or replaced file changes it. Files are
+    stat-ed, not hashed: the landing sensor fingerprints every landed day every tick, and replacing a file
+    changes its size or modification time."""
     digest = hashlib.sha256()
     days = [day, shift_day(day, 1)] if include_next else [day]
     for d in days:

@@ -1,10 +1,8 @@
-"""What a watcher of the landing zone needs: which days are usable, why the others are not, and a
-fingerprint of what one day's events job reads.
+"""What a watcher of the landing zone needs: which days are usable and why the others are not.
 
-The landing sensor decides from these whether a day is new, unchanged since its last successful run,
-or changed (a file replaced, a file set aside by an operator, D+1 landed after a grace-period run).
-The fingerprint stats files instead of hashing them: a sensor evaluates every landed day every tick,
-and replacing a file changes its size or modification time.
+The landing sensor decides from these and a day's fingerprint (transforms.landing.day_fingerprint) whether a
+day is new, unchanged since its last successful run, or changed (a file replaced, a file set aside by an
+operator, D+1 landed after a grace-period run).
 """
 
 from __future__ import annotations
