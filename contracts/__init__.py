@@ -51,6 +51,18 @@ def spark_columns() -> dict[str, str]:
     return {c: SPARK_TYPES[t] for c, t in EVENT_COLUMNS.items()}
 
 
+# Item statistics (issue #34, the industry's pre-sequence features): per ad and per campaign, impressions and
+# clicks of every user over trailing windows of days. A sample of day D counts the windows that end on D-2:
+# the daily run of D-1 finishes only after D's files land, so D-2 is the newest day serving holds all of D,
+# and every counted impression is a day or more older than the scored one (more than MaskConfig.delay_ms).
+# The dbt model item_windows builds them per serving day (transforms/dbt/models/marts/item_windows.sql), the
+# targets of training_samples carry them, and the online store serves the same rows keyed by ad and campaign.
+ITEM_STAT_LEVELS = ("ad", "campaign")         # the request's ad_id and campaign_id
+ITEM_STAT_WINDOWS_DAYS = (7, 28)              # ours: a week and four weeks (weekday cycles average out)
+ITEM_STAT_LAG_DAYS = 2                        # a sample of day D counts days <= D - ITEM_STAT_LAG_DAYS
+ITEM_STAT_COLUMNS = tuple(f"{level}_{count}_{days}d" for level in ITEM_STAT_LEVELS
+                          for days in ITEM_STAT_WINDOWS_DAYS for count in ("impressions", "clicks"))
+
 # One training_samples file (lake/training_samples/date=D/*.parquet): one row per event, rows contiguous per
 # user in (user_id, event_rank) order; the user's history as of the end of D-1, then D's events, whose
 # impressions are the targets. Column -> Arrow type name (pyarrow.type_for_alias).
@@ -60,6 +72,8 @@ TRAINING_SAMPLES: dict[str, str] = {
     "brand_id": "string", "surface": "string", "device": "string", "action": "string", "position": "int32",
     "position_bucket": "int32", "label": "int8", "click_type": "string", "dwell_ms": "int64",
     "request_id": "string", "impression_id": "string", "event_date": "date32",
+    # on targets only (null on history rows): the ad's and campaign's counts as of D (ITEM_STAT_COLUMNS)
+    **{column: "int64" for column in ITEM_STAT_COLUMNS},
 }
 
 # models.kernels.interval_attention's backends: "auto" picks Triton on CUDA and the torch reference elsewhere;

@@ -22,6 +22,7 @@ EVENTS = "events"                               # the Spark events job's table (
 EVENTS_QUARANTINE = "quarantine"                # rows the events job refused, with their reason
 TRAINING_SAMPLES = "training_samples"           # the dbt build's model input (contracts.TRAINING_SAMPLES)
 USER_SEQUENCES = "user_sequences"               # each user's events up to D, the online store's source
+ITEM_WINDOWS = "item_windows"                   # item statistics for requests on D (the run of D-1 writes them)
 QUARANTINE_FILES = "quarantine_files"           # landing files an operator set aside (genrank landing)
 PREDICTION_LOG_QUARANTINE = "prediction_log_quarantine"   # logged lines the serving monitor could not use
 

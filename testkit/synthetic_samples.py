@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contracts import ACTIONS, CLICK_TYPES, DAY_MS, TRAINING_SAMPLES
+from contracts import ACTIONS, CLICK_TYPES, DAY_MS, ITEM_STAT_COLUMNS, ITEM_STAT_LAG_DAYS, TRAINING_SAMPLES
 from transforms.atomic import staged_file
 
 SCHEMA = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in TRAINING_SAMPLES.items()])
@@ -89,6 +89,21 @@ def _user_timeline(rng, u, n_hist, start_ms, day_ms, n_days, n_cat, n_items, imp
     return rows, days
 
 
+def _add_item_stats(df: pd.DataFrame, events: pd.DataFrame, day_ms: int) -> None:
+    """The targets' item statistics as the dbt model item_windows counts them: every user's impressions of the
+    ad (campaign) in the windows of whole days ending ITEM_STAT_LAG_DAYS before the sample's day."""
+    imps = events[events["event_kind"] == "impression"]
+    target = df["is_target"].to_numpy(bool)
+    for column in ITEM_STAT_COLUMNS:
+        level, count, days = column.split("_")
+        end = day_ms - (ITEM_STAT_LAG_DAYS - 1) * DAY_MS
+        window = imps[(imps["ts_ms"] < end) & (imps["ts_ms"] >= end - int(days[:-1]) * DAY_MS)]
+        key = "item_id" if level == "ad" else "campaign_id"
+        per_key = window.groupby(key)["label"].agg("count" if count == "impressions" else "sum")
+        values = df[key].map(per_key).fillna(0).astype("int64")
+        df[column] = pd.Series(values.to_numpy(), index=df.index, dtype="Int64").where(target)
+
+
 def write_training_samples(root: str, start_date: str = "2026-01-10", n_days: int = 1, n_users: int = 16,
                            hist_len: tuple[int, int] = (10, 40), n_categories: int = 8, n_items: int = 50,
                            imp_frac: float = 0.3, noise: float = 0.0, max_requests: int = 2,
@@ -115,6 +130,8 @@ def write_training_samples(root: str, start_date: str = "2026-01-10", n_days: in
         df = df.sort_values(["user_id", "ts_ms", "event_rank"], kind="stable")
         df["event_rank"] = df.groupby("user_id").cumcount().astype("int64")
         df["event_date"] = pd.to_datetime(df["ts_ms"], unit="ms").dt.date
+        _add_item_stats(df, pd.concat([pd.DataFrame(h + [r for dd in days for r in dd]) for h, days in per_user]),
+                        _day_ms(date))
         table = pa.Table.from_pandas(df[[f.name for f in SCHEMA]], schema=SCHEMA, preserve_index=False)
         path = os.path.join(root, f"date={date}", "part-0.parquet")
         with staged_file(Path(path)) as staging:

@@ -23,7 +23,7 @@ from tests.conftest import copy_home
 pytestmark = pytest.mark.slow
 
 DAILY_ASSETS = ("events", "position_ctr", "position_buckets", "user_sequences", "training_samples",
-                "item_stats", "user_stats")
+                "item_stats", "item_windows", "user_stats")
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from contracts import TRAINING_SAMPLES
+from contracts import ITEM_STAT_COLUMNS, ITEM_STAT_LAG_DAYS, TRAINING_SAMPLES
 from testkit.synthetic_samples import write_training_samples
 from assets.sequences import dbt_resource, sequence_models, training_samples_checks
 from quality.training_samples import validate_training_samples
@@ -30,7 +31,8 @@ TABLES = {
     "position_buckets": "as_of_date, surface, position",
     "position_ctr": "as_of_date, surface, position",
     "user_stats": "stat_date, user_id",
-    "item_stats": "stat_date, ad_id",
+    "item_stats": "stat_date, ad_id, campaign_id",
+    "item_windows": "as_of_date, level, key",
 }
 
 
@@ -116,6 +118,46 @@ def test_training_samples_hold_history_before_the_day_then_the_day(full_home):
         assert targets["label"].notna().all() and targets["position_bucket"].between(0, 1).all()
         history = s[pd.to_datetime(s["event_date"]) < pd.Timestamp(day)]
         assert history.empty or history["ts_ms"].max() < targets["ts_ms"].min()
+
+
+def _window_counts(events: pd.DataFrame, as_of: str, column: str) -> pd.Series:
+    """An item-statistics column as of a day, counted from the event lake: every user's impressions of the key on
+    the days of the column's window ending ITEM_STAT_LAG_DAYS before ``as_of``."""
+    level, count, days = column.split("_")
+    newest = dt.date.fromisoformat(as_of) - dt.timedelta(days=ITEM_STAT_LAG_DAYS)
+    oldest = newest - dt.timedelta(days=int(days.removesuffix("d")) - 1)
+    window = events[(events["day"] >= oldest.isoformat()) & (events["day"] <= newest.isoformat())
+                    & (events["event_kind"] == "impression")]
+    return window.groupby("item_id" if level == "ad" else "campaign_id")["label"].agg(
+        "count" if count == "impressions" else "sum")
+
+
+def test_a_targets_item_statistics_count_only_whole_days_before_the_serving_lag(full_home):
+    """Recomputed from the event lake: a target of day D carries its ad's and campaign's impressions and clicks
+    of the days up to D-2 only (never its own impression, nor anything within the serving delay: the newest
+    counted event is a day older), zero for an id those days never showed; history rows carry none. The
+    statistics the run of the last day exports for the next day's requests are counted the same way."""
+    home = full_home[0]
+    events = pd.concat(pd.read_parquet(home / "lake" / "events" / f"date={d}").assign(day=d) for d in DAYS)
+    counted = 0
+    for day in DAYS:
+        samples = pd.read_parquet(home / "lake" / "training_samples" / f"date={day}")
+        targets = samples[samples["is_target"]]
+        for column in ITEM_STAT_COLUMNS:
+            key = "item_id" if column.startswith("ad_") else "campaign_id"
+            expected = targets[key].map(_window_counts(events, day, column)).fillna(0).astype("int64")
+            assert targets[column].tolist() == expected.tolist(), (day, column)
+            counted += int((expected > 0).sum())
+        assert samples.loc[~samples["is_target"], list(ITEM_STAT_COLUMNS)].isna().all().all()
+    assert counted  # the days after the lag counted something
+    following = (dt.date.fromisoformat(DAYS[-1]) + dt.timedelta(days=1)).isoformat()
+    served = pd.read_parquet(home / "lake" / "item_windows" / f"date={following}")
+    for column in ITEM_STAT_COLUMNS:
+        level, name = column.split("_", 1)
+        rows = served[served["level"] == level].set_index("key")[name]
+        expected = _window_counts(events, following, column)
+        assert rows.reindex(expected.index).tolist() == expected.tolist(), column
+        assert (rows.drop(expected.index) == 0).all(), column   # keys counted only in the longer window
 
 
 def test_history_is_trimmed_to_max_len(tmp_path):

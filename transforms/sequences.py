@@ -8,7 +8,8 @@ The dbt project (transforms/dbt) builds, for a window of days [start, end], the 
   columns and types, else a ``SequenceInputError`` that names the day and the column;
 * ``plan_window``: the rule that rebuilding day D invalidates state(D..): a window that ends before
   the last day already built is extended to it, so later days are recomputed consistently;
-* ``export_day``: the day's samples and appended sequence events as Parquet, written atomically.
+* ``export_day``: the day's samples and appended sequence events as Parquet, written atomically, and the
+  item statistics for the requests of the next day (the online store publishes them with the day).
 
 Exported layout (what models/data/samples.py streams): ``lake/training_samples/date=D/part-0.parquet`` is a
 flat table, one row per event, rows contiguous per user and sorted by (user_id, event_rank), written
@@ -171,6 +172,9 @@ def export_day(home: Path, day: str) -> DayExport:
                           "order by user_id, event_rank", layout.partition(home, layout.TRAINING_SAMPLES, day))
         _atomic_copy(con, f"select * from user_sequences where added_date = '{day}' order by user_id, seq_index",
                      layout.partition(home, layout.USER_SEQUENCES, day))
+        following = (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
+        _atomic_copy(con, f"select * from item_windows where as_of_date = '{following}' order by level, key",
+                     layout.partition(home, layout.ITEM_WINDOWS, following))
         stats = con.execute(f"""
             with per_sample as (
                 select user_id,

@@ -10,3 +10,7 @@
     select 1
   {% endif %}
 {% endmacro %}
+
+{# contracts.ITEM_STAT_WINDOWS_DAYS and ITEM_STAT_LAG_DAYS (the contract's column names carry the windows). #}
+{% macro item_stat_windows() %}{{ return([7, 28]) }}{% endmacro %}
+{% macro item_stat_lag() %}{{ return(2) }}{% endmacro %}
