@@ -20,6 +20,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from contracts import ITEM_STAT_COLUMNS
 from models.config import FeatureConfig
 from models.data import (A_CLICK, A_NOCLICK, ACTION_IDS, CLICK_TYPE_IDS, HASHED, SAMPLE_ARRAYS, Sample,
                          stable_hash)
@@ -111,7 +112,8 @@ def to_sample(events: EventArrays, features: FeatureConfig) -> Sample:
                   action=events.action.astype(np.int64), position=events.position.astype(np.int64),
                   bucket=np.full(n, -1, np.int64), label=events.label.astype(np.int64),
                   click_type=events.click_type.astype(np.int64), dwell_ms=events.dwell_ms,
-                  impression_id=np.full(n, None, object), teacher_p=np.full(n, np.nan, np.float32))
+                  impression_id=np.full(n, None, object), teacher_p=np.full(n, np.nan, np.float32),
+                  item_stats=np.zeros((n, len(ITEM_STAT_COLUMNS)), np.float32))
     assert set(arrays) == set(SAMPLE_ARRAYS)
     return Sample(user_id="", date="", **arrays)
 

@@ -33,6 +33,14 @@ class FeatureConfig:
     # (any / same ad-item / category / brand), in each of these trailing windows (models.data.cross_counts).
     # Windows are ours, the usual counter windows; () switches the cross features off.
     cross_windows_days: tuple[float, ...] = (1.0, 30.0)
+    # The item-side statistics beside them (contracts.ITEM_STAT_COLUMNS, issue #34): the ad's and campaign's
+    # impressions and clicks of every user, counted before the serving lag (models.data.item_stat_features).
+    # What trees on the ad's CTR had and the sequence models lacked; False switches them off (the ablation).
+    item_stats: bool = True
+    # ours: the smoothed CTRs' pseudo-impressions (benchmarks' trees shrink the ad's CTR with the same 20) and
+    # the campaign's prior, where an id never shown sits (the ad's prior is its campaign's smoothed CTR)
+    item_stats_pseudo_impressions: float = 20.0
+    item_stats_prior_ctr: float = 0.05
 
     def table_sizes(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name.endswith("_buckets")}

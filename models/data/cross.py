@@ -1,10 +1,11 @@
-"""MTGR's statistical cross features on the scored token, counted before the model (and before the ONNX
-graph) by the same code in training and serving."""
+"""What a scored token knows beside the sequence, computed before the model (and before the ONNX graph) by the
+same code in training and serving: MTGR's statistical cross features over the user's log (``cross_counts``)
+and the item statistics of the scored ad and its campaign over every user (``item_stat_features``)."""
 from __future__ import annotations
 
 import numpy as np
 
-from contracts import DAY_MS
+from contracts import DAY_MS, ITEM_STAT_COLUMNS, ITEM_STAT_LEVELS, ITEM_STAT_WINDOWS_DAYS
 
 from ..config import FeatureConfig
 from .samples import A_CLICK, A_NOCLICK, Sample
@@ -14,13 +15,45 @@ CROSS_MATCH_FIELDS = (None, F_ITEM, F_CAT, F_BRAND)  # None = any event (the use
 CROSS_ACTIONS = (1, 2, 3, 4, A_NOCLICK, A_CLICK)     # view, cart, fav, buy, impression without / with click
 
 
-def n_cross_features(fc: FeatureConfig) -> int:
+def n_counters(fc: FeatureConfig) -> int:
     return len(CROSS_MATCH_FIELDS) * len(CROSS_ACTIONS) * len(fc.cross_windows_days)
+
+
+N_ITEM_STAT_FEATURES = 3 * len(ITEM_STAT_LEVELS) * len(ITEM_STAT_WINDOWS_DAYS)
+
+
+def n_cross_features(fc: FeatureConfig) -> int:
+    """The width of a scored token's features beside the sequence: the counters, then the item statistics."""
+    return n_counters(fc) + (N_ITEM_STAT_FEATURES if fc.item_stats else 0)
+
+
+def item_stat_features(counts: np.ndarray, fc: FeatureConfig) -> np.ndarray:
+    """(Q, N_ITEM_STAT_FEATURES) float32 from (Q, len(ITEM_STAT_COLUMNS)) counts: per level (ad, campaign) and
+    window, log1p of the impressions and of the clicks and the logit of the smoothed CTR. The campaign's CTR
+    is smoothed towards fc.item_stats_prior_ctr, the ad's towards its campaign's smoothed CTR, both with
+    fc.item_stats_pseudo_impressions; an id never shown (zero counts) gets its prior, never a NaN."""
+    k, out = fc.item_stats_pseudo_impressions, []
+    stat = {name: counts[:, j].astype(np.float64) for j, name in enumerate(ITEM_STAT_COLUMNS)}
+    for days in ITEM_STAT_WINDOWS_DAYS:
+        prior = np.full(len(counts), fc.item_stats_prior_ctr)
+        for level in reversed(ITEM_STAT_LEVELS):  # the campaign first: it is the ad's prior
+            shown, clicked = stat[f"{level}_impressions_{days}d"], stat[f"{level}_clicks_{days}d"]
+            prior = (clicked + k * prior) / (shown + k)
+            out += [np.log1p(shown), np.log1p(clicked), np.log(prior) - np.log1p(-prior)]
+    return np.stack(out, 1).astype(np.float32) if out else np.zeros((len(counts), 0), np.float32)
+
+
+def scored_features(counted: tuple[np.ndarray, np.ndarray], q_feats: np.ndarray, q_cut: np.ndarray,
+                    q_stats: np.ndarray, fc: FeatureConfig) -> np.ndarray:
+    """(Q, n_cross_features) for the scored tokens: cross_counts over the ``counted`` (rows, times) under the
+    cuts, then (with fc.item_stats) item_stat_features of their item statistics ``q_stats``."""
+    cross = cross_counts(*counted, q_feats, q_cut, fc)
+    return np.concatenate([cross, item_stat_features(q_stats, fc)], 1) if fc.item_stats else cross
 
 
 def cross_counts(ev_feats: np.ndarray, ev_ts: np.ndarray, q_feats: np.ndarray, q_cut: np.ndarray,
                  fc: FeatureConfig) -> np.ndarray:
-    """MTGR's target-side cross features (FeatureConfig.cross_windows_days), (Q, n_cross_features) float32:
+    """MTGR's target-side cross features (FeatureConfig.cross_windows_days), (Q, n_counters) float32:
     for every scored token q and every (match field m, action a, window w), log1p of the number of events e
     with action a, the same hashed m as q (any event for m = None; 0 if q's m is null) and
     q_cut - w < ts_e <= q_cut. q_cut is the scored impression's time minus the serving delay, so a counter
@@ -35,7 +68,7 @@ def cross_counts(ev_feats: np.ndarray, ev_ts: np.ndarray, q_feats: np.ndarray, q
     ev_code = code[ev_feats[:, F_ACTION]]
     keep = ev_code >= 0
     if Q == 0 or not keep.any() or not windows:
-        return out.reshape(Q, n_cross_features(fc))
+        return out.reshape(Q, n_counters(fc))
     ts, ev_code, ev_feats = ev_ts[keep], ev_code[keep], ev_feats[keep]
     t0 = int(ts.min())
     span = int(ts.max()) - t0
@@ -52,7 +85,7 @@ def cross_counts(ev_feats: np.ndarray, ev_ts: np.ndarray, q_feats: np.ndarray, q
         base = (qf[:, None] * A + np.arange(A)) * R                                      # (Q, A)
         found = np.searchsorted(sorted_keys, base[:, :, None] + cuts[:, None, :], side="right")
         out[:, m] = np.where((qf > 0)[:, None, None], found[:, :, :1] - found[:, :, 1:], 0)
-    return np.log1p(out).reshape(Q, n_cross_features(fc))
+    return np.log1p(out).reshape(Q, n_counters(fc))
 
 
 def outcome_rows(s: Sample, fc: FeatureConfig, counter_len: int) -> tuple[np.ndarray, np.ndarray]:

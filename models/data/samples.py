@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contracts import ACTIONS, CLICK_TYPES, TRAINING_SAMPLES, layout
+from contracts import ACTIONS, CLICK_TYPES, ITEM_STAT_COLUMNS, TRAINING_SAMPLES, layout
 
 from ..config import FeatureConfig
 
@@ -77,6 +77,7 @@ class Sample:
     dwell_ms: np.ndarray     # float64, nan = null
     impression_id: np.ndarray  # object
     teacher_p: np.ndarray    # float32, nan = missing
+    item_stats: np.ndarray   # (E, len(ITEM_STAT_COLUMNS)) float32 counts, 0 where null (non-target rows)
 
     @property
     def n_events(self) -> int:
@@ -84,7 +85,7 @@ class Sample:
 
 
 SAMPLE_ARRAYS = ("ts", "is_target", "is_imp", "ids", "item_key", "action", "position", "bucket", "label",
-                 "click_type", "dwell_ms", "impression_id", "teacher_p")
+                 "click_type", "dwell_ms", "impression_id", "teacher_p", "item_stats")
 
 
 def split_by_targets(s: Sample, max_targets: int) -> list[Sample]:
@@ -147,11 +148,14 @@ def encode_table(tbl: pa.Table, fc: FeatureConfig) -> dict[str, np.ndarray]:
     ctype = pd.Series(_col(tbl, "click_type"), dtype=object).map(CLICK_TYPE_IDS).fillna(0).to_numpy(np.int64)
     dwell = tbl.column("dwell_ms").cast(pa.float64()).to_numpy(zero_copy_only=False)
     dwell = np.where(pd.isna(dwell), np.nan, dwell).astype(np.float64)
+    # partitions built before the item statistics existed read as zero counts
+    stats = np.stack([_num(tbl, c, 0, np.float32) if c in tbl.column_names else np.zeros(tbl.num_rows, np.float32)
+                      for c in ITEM_STAT_COLUMNS], 1)
     return dict(
         user_id=_col(tbl, "user_id"), ts=_num(tbl, "ts_ms", 0, np.int64), is_target=_num(tbl, "is_target", False, bool),
         is_imp=is_imp, ids=ids, item_key=stable_hash(item, fc.hash_key), action=action,
         position=_num(tbl, "position", 0, np.int64), bucket=_num(tbl, "position_bucket", -1, np.int64),
-        label=label, click_type=ctype, dwell_ms=dwell, impression_id=_col(tbl, "impression_id"))
+        label=label, click_type=ctype, dwell_ms=dwell, impression_id=_col(tbl, "impression_id"), item_stats=stats)
 
 
 def _slice(d: dict, a: int, b: int) -> dict:
@@ -197,7 +201,7 @@ def make_sample(d: dict, date: str, teacher: TeacherProbs | None) -> Sample:
     return Sample(user_id=str(d["user_id"][0]), date=date, ts=d["ts"], is_target=d["is_target"], is_imp=d["is_imp"],
                   ids=d["ids"], item_key=d["item_key"], action=d["action"], position=d["position"], bucket=d["bucket"],
                   label=d["label"], click_type=d["click_type"], dwell_ms=d["dwell_ms"],
-                  impression_id=d["impression_id"], teacher_p=tp)
+                  impression_id=d["impression_id"], teacher_p=tp, item_stats=d["item_stats"])
 
 
 def iter_file_samples(path: str, fc: FeatureConfig, teacher: TeacherProbs | None = None) -> Iterator[Sample]:

@@ -13,7 +13,7 @@ import numpy as np
 from contracts import HOUR_MS
 
 from ..config import FeatureConfig
-from .cross import counted_rows, cross_counts
+from .cross import counted_rows, scored_features
 from .samples import Sample
 from .tokens import (F_TYPE, TT_BEHAVIOR, TT_CANDIDATE, TT_IMP_EVENT, Targets, content_feats, event_feats,
                      valid_targets)
@@ -68,7 +68,7 @@ class StudentTokens:
     hist_ts: np.ndarray     # (G,) newest member time of every group
     cand_feats: np.ndarray  # (Nc, F)
     cand_ts: np.ndarray     # (Nc,) request time
-    cand_cross: np.ndarray  # (Nc, n_cross_features) the candidates' cross features (cross_counts)
+    cand_cross: np.ndarray  # (Nc, n_cross_features) the candidates' cross features (scored_features)
     targets: Targets
     n_events: int
 
@@ -94,7 +94,7 @@ def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True
     """History = the newest max_len events (content + outcome in one token), merged LITM -> PATM;
     candidates = the sample's target impressions (content only, never merged), with their cross features
     counted under the serving delay delay_ms over the newest counter_len events of the sample (0: every
-    one; None: the history tokens' events)."""
+    one; None: the history tokens' events) and their item statistics."""
     tgt_idx = np.flatnonzero(valid_targets(s))
     hist = np.arange(s.n_events)[-max_len:] if max_len else np.arange(s.n_events)
     if max_tokens is not None and len(tgt_idx) > max_tokens:
@@ -116,6 +116,7 @@ def student_tokens(s: Sample, fc: FeatureConfig, max_len: int, litm: bool = True
     hts = np.full(G, np.iinfo(np.int64).min, np.int64)
     np.maximum.at(hts, g, s.ts[hist])
     cand_feats, cand_ts = content_feats(s, tgt_idx, TT_CANDIDATE), s.ts[tgt_idx]
-    cross = cross_counts(*counted_rows(s, fc, counter_len, feats, s.ts[hist]), cand_feats, cand_ts - delay_ms, fc)
+    cross = scored_features(counted_rows(s, fc, counter_len, feats, s.ts[hist]), cand_feats, cand_ts - delay_ms,
+                            s.item_stats[tgt_idx], fc)
     return StudentTokens(ev_feats=feats, ev_ts=s.ts[hist], ev_group=g, hist_ts=hts, cand_feats=cand_feats,
                          cand_ts=cand_ts, cand_cross=cross, targets=Targets.of(s, tgt_idx), n_events=len(hist))

@@ -12,7 +12,7 @@ import numpy as np
 from contracts import HOUR_MS
 
 from ..config import FeatureConfig
-from .cross import counted_rows, cross_counts
+from .cross import counted_rows, scored_features
 from .samples import Sample
 from .tokens import (N_FIELDS, TT_BEHAVIOR, TT_IMP_ACTION, TT_IMP_CONTENT, Targets, content_feats, event_feats,
                      valid_targets)
@@ -25,7 +25,7 @@ class TeacherTokens:
     feats: np.ndarray     # (T, F)
     ts: np.ndarray        # (T,)
     is_target: np.ndarray  # (T,) content tokens of target impressions
-    cross: np.ndarray     # (n_targets, n_cross_features) the targets' cross features (cross_counts)
+    cross: np.ndarray     # (n_targets, n_cross_features) the targets' cross features (scored_features)
     targets: Targets
     n_events: int
 
@@ -74,6 +74,7 @@ def teacher_tokens(s: Sample, fc: FeatureConfig, max_tokens: int, delay_ms: int 
     is_target = np.zeros(T, bool)
     tmask = tgt[ev]
     is_target[starts[tmask]] = True
-    cross = cross_counts(*counted_rows(s, fc, counter_len, feats, ts), feats[is_target], ts[is_target] - delay_ms, fc)
+    cross = scored_features(counted_rows(s, fc, counter_len, feats, ts), feats[is_target], ts[is_target] - delay_ms,
+                            s.item_stats[ev[tmask]], fc)
     return TeacherTokens(feats=feats, ts=ts, is_target=is_target, cross=cross, targets=Targets.of(s, ev[tmask]),
                          n_events=len(ev))

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from mt_util import tiny_features, tiny_student, tiny_teacher
 from contracts import DAY_MS
+from contracts import ITEM_STAT_COLUMNS
 from models.data import (CROSS_ACTIONS, CROSS_MATCH_FIELDS, F_ACTION, N_FIELDS, SAMPLE_ARRAYS, collate,
-                         cross_counts, iter_samples, n_cross_features, request_tokens, student_tokens, teacher_tokens)
+                         cross_counts, item_stat_features, iter_samples, n_counters, n_cross_features, request_tokens,
+                         student_tokens, teacher_tokens)
 from models.student import Student
 from models.teacher import Teacher
 
@@ -49,16 +51,45 @@ def test_cross_counts_equal_a_brute_force_count(data):
     q = rng.integers(0, 4, (Q, N_FIELDS))
     cut = rng.integers(-2, 90, Q) * (DAY_MS // 2)
     got = cross_counts(ev, ts, q, cut, fc)
-    assert got.shape == (Q, n_cross_features(fc)) and got.dtype == np.float32
+    assert got.shape == (Q, n_counters(fc)) and got.dtype == np.float32
     np.testing.assert_allclose(got, _brute_force(ev, ts, q, cut, fc), rtol=1e-6)
 
 
 def test_off_means_no_features():
-    fc = dataclasses.replace(tiny_features(), cross_windows_days=())
+    fc = dataclasses.replace(tiny_features(), cross_windows_days=(), item_stats=False)
     ev = np.ones((3, N_FIELDS), np.int64)
     assert cross_counts(ev, np.arange(3), ev, np.arange(3) + HOUR_MS, fc).shape == (3, 0)
+    assert n_cross_features(fc) == 0 and n_cross_features(dataclasses.replace(fc, item_stats=True)) > 0
     assert Teacher(dataclasses.replace(tiny_teacher(), features=fc)).cross is None
     assert Student(dataclasses.replace(tiny_student(), features=fc)).cross is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**7), st.floats(0, 1)), min_size=len(ITEM_STAT_COLUMNS) // 2,
+                max_size=len(ITEM_STAT_COLUMNS) // 2))
+def test_item_stat_features_are_finite_and_an_unseen_id_sits_at_its_prior(shown_and_ctr):
+    """Any counts (clicks <= impressions, zero included) give finite features; zero counts give log counts 0
+    and the campaign's prior CTR for both levels (the ad's prior is its campaign's smoothed CTR)."""
+    fc = tiny_features()
+    counts = np.array([[v for shown, ctr in shown_and_ctr for v in (shown, np.floor(shown * ctr))]], np.float32)
+    assert np.isfinite(item_stat_features(counts, fc)).all()
+    unseen = item_stat_features(np.zeros((1, len(ITEM_STAT_COLUMNS)), np.float32), fc).reshape(-1, 3)
+    prior = np.log(fc.item_stats_prior_ctr / (1 - fc.item_stats_prior_ctr))
+    np.testing.assert_allclose(unseen, np.tile([0.0, 0.0, prior], (len(unseen), 1)), atol=1e-6)
+
+
+def test_an_ads_smoothed_ctr_follows_its_clicks_and_leans_on_its_campaign():
+    fc = tiny_features()
+    columns = {c: j for j, c in enumerate(ITEM_STAT_COLUMNS)}
+
+    def ad_ctr_logit(ad, campaign):
+        counts = np.zeros((1, len(ITEM_STAT_COLUMNS)), np.float32)
+        for level, (shown, clicked) in (("ad", ad), ("campaign", campaign)):
+            counts[0, columns[f"{level}_impressions_7d"]], counts[0, columns[f"{level}_clicks_7d"]] = shown, clicked
+        return item_stat_features(counts, fc)[0, 5]   # the 7-day window: campaign's 3 features, then the ad's
+
+    assert ad_ctr_logit((100, 20), (1000, 50)) > ad_ctr_logit((100, 2), (1000, 50))
+    assert ad_ctr_logit((0, 0), (1000, 200)) > ad_ctr_logit((0, 0), (1000, 10))   # a new ad of a good campaign
 
 
 def test_teacher_student_and_serving_count_the_same_events(samples_dir):

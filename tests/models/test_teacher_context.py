@@ -13,7 +13,7 @@ from models.config import ModelSizes, student_config, teacher_context, teacher_c
 from models.data import PackedLoader, litm_groups, patm_groups, student_tokens, teacher_tokens
 from models.data.samples import A_NOCLICK, ACTION_IDS, Sample
 from models.student import Student
-from contracts import DAY_MS
+from contracts import DAY_MS, ITEM_STAT_COLUMNS
 
 TEACHER, STUDENT, _ = preset("demo")
 
@@ -36,7 +36,7 @@ def user_day(seed: int, n_history: int, imp_share: float, n_targets: int, n_day_
                   action=np.where(is_imp, A_NOCLICK, ACTION_IDS["view"]), position=np.where(is_imp, 1, 0),
                   bucket=np.where(is_imp, 0, -1), label=np.where(is_imp, 0, -1), click_type=np.zeros(n, np.int64),
                   dwell_ms=np.full(n, np.nan), impression_id=np.array([f"i{k}" for k in range(n)], object),
-                  teacher_p=np.full(n, np.nan, np.float32))
+                  teacher_p=np.full(n, np.nan, np.float32), item_stats=np.zeros((n, len(ITEM_STAT_COLUMNS)), np.float32))
 
 
 @settings(max_examples=20, deadline=None)
