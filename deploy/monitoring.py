@@ -8,7 +8,8 @@ turns them into asset checks and metadata.
 - **Skew** (ERROR when not met). Every logged request scored from the online store is scored again
   offline: the registry's ONNX graph of the version that served it (the bytes the service verified
   against ``onnx_sha256``), on the history the lake holds for the user as of the store's day
-  (``lake/user_sequences`` up to ``store_as_of``, cut at the request's time) and the logged candidates,
+  (``lake/user_sequences`` up to ``store_as_of``, cut at the request's time) and the logged candidates with
+  the item statistics published with that day (``deploy.sequence_store.published_items``),
   tokenised by the training code (``models.data.request_tokens``). Served and offline probabilities must
   agree within ``PARITY_TOLERANCE`` (the ONNX/torch parity bound): a larger difference means the
   service saw other features than the lake says (a stale or foreign store, a wrong hash key, another
@@ -189,7 +190,7 @@ def lake_requests(home: Path, registry, model_name: str, version: str, records: 
     store day, cut at its time. ``records`` are ``replayable``."""
     from deploy.event_codec import to_sample
     from deploy.onnx_export import ONNX_FILE, OnnxScorer, find_bundle
-    from deploy.sequence_store import _lake_users, partition_files
+    from deploy.sequence_store import _lake_users, candidate_item_stats, partition_files, published_items
     from deploy.service import candidate_events
     from models.data import request_tokens
 
@@ -205,15 +206,22 @@ def lake_requests(home: Path, registry, model_name: str, version: str, records: 
     available = layout.days_in(layout.dataset(home, layout.USER_SEQUENCES))
     wanted = {str(r["user_id"]) for r in records}
     histories: dict[str, dict] = {}
+    items: dict[str, dict] = {}
     for as_of in days:  # each store day's state: the logged users' events of every partition up to it
         files = partition_files(lake, [d for d in available if d <= as_of])
         histories[as_of] = {u: e for u, e in _lake_users(files, key) if u in wanted}
+        items[as_of] = published_items(lake, as_of)
     requests = []
     for r in records:
         cand = candidate_events(r["candidates"], r["ts_ms"], key)
         hist = histories[r["store_as_of"]].get(str(r["user_id"]), cand.take(slice(0, 0)))  # none: the lake lacks it
         hist = hist.take(hist.ts <= r["ts_ms"])
-        requests.append(request_tokens(to_sample(hist, cfg.features), to_sample(cand, cfg.features), cfg))
+        candidates = to_sample(cand, cfg.features)
+        if cfg.features.item_stats:   # what the store held for the day: its published item statistics
+            found = items[r["store_as_of"]]
+            candidates.item_stats, _ = candidate_item_stats(lambda keys: [found.get(k) for k in keys],
+                                                            r["candidates"]["ad_id"], r["candidates"]["campaign_id"])
+        requests.append(request_tokens(to_sample(hist, cfg.features), candidates, cfg))
     return OnnxScorer(bundle.onnx, threads=1), requests
 
 

@@ -20,6 +20,12 @@ Two backends behind one interface, chosen by ``GENRANK_ONLINE_STORE`` (``open_st
 
 Either way a reader sees day D-1 or day D, never a mix; the meta record carries the format version,
 the hash key the ids were hashed with and ``max_events``.
+
+Beside the users, the same publication holds the item statistics the run of D computed for the requests after
+it (``published_items``, contracts.ITEM_STAT_COLUMNS): one record per ad and per campaign, read by
+``item_stats`` for a request's candidates. LMDB replaces them in the day's write transaction; Redis keeps them in
+one hash per published day (the day before stays for readers still on it), read with the meta in one script.
+An id without a record scores with zero counts (models.data.item_stat_features' prior) and is counted.
 """
 from __future__ import annotations
 
@@ -28,12 +34,12 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow.dataset as ds
 
-from contracts import layout
+from contracts import ITEM_STAT_COLUMNS, ITEM_STAT_LEVELS, layout
 from deploy.event_codec import EventArrays, concat, encode, from_bytes, to_bytes
 
 FORMAT_VERSION = 1
@@ -41,6 +47,8 @@ LAKE_COLUMNS = ["user_id", "seq_index", "ts_ms", "event_kind", "item_id", "campa
                 "category_id", "brand_id", "position", "surface", "device", "action", "label", "click_type",
                 "dwell_ms"]
 LMDB_MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
+STATS_PER_LEVEL = len(ITEM_STAT_COLUMNS) // len(ITEM_STAT_LEVELS)
+_ITEM_RECORD = np.dtype(f"<{STATS_PER_LEVEL}i8")   # one level's counts, ITEM_STAT_COLUMNS' order
 
 
 class StoreUnavailable(RuntimeError):
@@ -55,6 +63,7 @@ class StoreMeta:
     max_events: int
     users: int
     published_at: float
+    item_records: int = 0   # item-statistics records (ads and campaigns) published with the day
 
     @staticmethod
     def parse(raw: bytes | None, where: str) -> "StoreMeta":
@@ -83,6 +92,7 @@ class PublishReport:
     events_read: int
     users: int
     seconds: float
+    item_records: int    # item-statistics records published for the requests after the day
 
 
 class OnlineStore:
@@ -103,11 +113,16 @@ class OnlineStore:
         """The published day, after checking the store is still the one this process reads."""
         return self.meta()
 
+    def item_stats(self, ad_ids: list, campaign_ids: list) -> tuple[np.ndarray, int]:
+        """``candidate_item_stats`` as of the published day."""
+        return candidate_item_stats(self._read_items, ad_ids, campaign_ids)
+
     def publish(self, day: str, users: Iterable[tuple[str, EventArrays]], *, rebuild: bool, max_events: int,
-                hash_key: str) -> tuple[int, int]:
+                hash_key: str, items: dict[bytes, bytes] | None = None) -> tuple[int, int]:
         """Write every (user, events of the day) as that user's newest ``max_events`` events (merged into the
-        state before ``day`` unless ``rebuild``, which starts from nothing), then publish ``day`` as one
-        step. Returns (users written, users new to the store)."""
+        state before ``day`` unless ``rebuild``, which starts from nothing) and the day's item-statistics
+        records (``item_records``; they replace the day before's), then publish ``day`` as one step. Returns
+        (users written, users new to the store)."""
         raise NotImplementedError
 
     def _read_meta(self) -> bytes | None:
@@ -116,12 +131,50 @@ class OnlineStore:
     def _read_user(self, user_id: str) -> tuple[bytes | None, bytes | None]:
         raise NotImplementedError
 
+    def _read_items(self, keys: list[bytes]) -> list[bytes | None]:
+        """The records of ``keys`` as of the published day (None: no record)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
 
 def _user_key(user_id: str) -> bytes:
     return b"u:" + user_id.encode()
+
+
+def _item_key(level: str, key) -> bytes | None:
+    return None if key is None or key != key else f"s:{level}:{key}".encode()
+
+
+def candidate_item_stats(read: Callable[[list[bytes]], list[bytes | None]], ad_ids: list,
+                         campaign_ids: list) -> tuple[np.ndarray, int]:
+    """Candidates' item statistics, (n, len(ITEM_STAT_COLUMNS)) float32 in the contract's order, from the records
+    ``read`` returns for their keys, and how many candidates had no ad record (their ad's counts are zero)."""
+    keys = [_item_key(level, key) for level, ids in zip(ITEM_STAT_LEVELS, (ad_ids, campaign_ids)) for key in ids]
+    unique = list(dict.fromkeys(k for k in keys if k is not None))
+    found = dict(zip(unique, read(unique))) if unique else {}
+    out = np.zeros((len(keys), STATS_PER_LEVEL), np.float32)
+    for i, key in enumerate(keys):
+        if found.get(key) is not None:
+            out[i] = np.frombuffer(found[key], _ITEM_RECORD)[0]
+    n = len(ad_ids)
+    return np.concatenate([out[:n], out[n:]], 1), sum(found.get(key) is None for key in keys[:n])
+
+
+def published_items(lake: Path, day: str) -> dict[bytes, bytes]:
+    """The item-statistics records the store publishes with ``day`` (lake/item_windows/date=D+1, for the requests
+    after the run of D) as ``_item_key`` -> one level's counts; empty if the sequence build has not exported
+    them (a lake built before the item statistics existed)."""
+    following = (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
+    files = sorted(layout.day_dir(Path(lake) / layout.ITEM_WINDOWS, following).glob("*.parquet"))
+    if not files:
+        return {}
+    table = ds.dataset([str(f) for f in files], format="parquet").to_table()
+    names = [c.split("_", 1)[1] for c in ITEM_STAT_COLUMNS[:STATS_PER_LEVEL]]   # impressions_7d, clicks_7d, ...
+    counts = np.stack([table.column(name).to_numpy().astype(np.int64) for name in names], 1)
+    return {_item_key(level, key): counts[i].astype(_ITEM_RECORD.base).tobytes()
+            for i, (level, key) in enumerate(zip(table.column("level").to_pylist(), table.column("key").to_pylist()))}
 
 
 # ------------------------------------------------------------------------------------------ LMDB
@@ -171,14 +224,25 @@ class LmdbStore(OnlineStore):
         with self._env.begin() as txn:  # one snapshot: the meta and the user agree on the day
             return txn.get(self.META), txn.get(_user_key(user_id))
 
-    def publish(self, day, users, *, rebuild, max_events, hash_key):
+    def _read_items(self, keys):
+        with self._env.begin() as txn:
+            return [txn.get(k) for k in keys]
+
+    def publish(self, day, users, *, rebuild, max_events, hash_key, items=None):
         written = new = 0
+        items = items or {}
         with self._env.begin(write=True) as txn:  # one write transaction: readers see all of it or none
             db = self._env.open_db(txn=txn)
             before = None if rebuild else txn.get(self.META)
             n_before = StoreMeta.parse(before, self.where).users if before else 0
             if rebuild:
                 txn.drop(db, delete=False)
+            else:
+                with txn.cursor() as cursor:   # the day before's item statistics: an id no longer counted goes
+                    while cursor.set_range(b"s:") and cursor.key().startswith(b"s:"):
+                        cursor.delete()
+            for key, record in items.items():
+                txn.put(key, record)
             for user, events in users:
                 key = _user_key(user)
                 old = txn.get(key)
@@ -187,7 +251,7 @@ class LmdbStore(OnlineStore):
                 txn.put(key, to_bytes(merged.newest(max_events)))
                 written += 1
             txn.put(self.META, StoreMeta(day, FORMAT_VERSION, hash_key, max_events, n_before + new,
-                                         time.time()).encode())
+                                         time.time(), len(items)).encode())
         return written, new
 
     def close(self) -> None:
@@ -211,6 +275,12 @@ if not meta then return {'', ''} end
 local bound = cjson.decode(meta)['as_of']
 """ + _NEWEST_UPTO
 _READ_UPTO = "local meta = ''\nlocal bound = ARGV[1]\n" + _NEWEST_UPTO
+# The published day's item records: KEYS[2] is the prefix of the per-day hashes.
+_READ_ITEMS = """
+local meta = redis.call('GET', KEYS[1])
+if not meta then return {} end
+return redis.call('HMGET', KEYS[2] .. cjson.decode(meta)['as_of'], unpack(ARGV))
+"""
 # Write day ARGV[1]; keep only it and the newest older day (what readers still on the previous day read).
 _WRITE = """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -237,7 +307,9 @@ class RedisStore(OnlineStore):
         self._read = self.client.register_script(_READ)
         self._read_upto = self.client.register_script(_READ_UPTO)
         self._write = self.client.register_script(_WRITE)
+        self._read_items_script = self.client.register_script(_READ_ITEMS)
         self.meta_key = f"{prefix}:meta"
+        self.items_prefix = f"{prefix}:items:"
 
     def _key(self, user_id: str) -> bytes:
         return f"{self.prefix}:".encode() + _user_key(user_id)
@@ -259,7 +331,30 @@ class RedisStore(OnlineStore):
             raise StoreUnavailable(f"the online store at {self.where} does not answer: {exc}") from exc
         return meta or None, blob or None
 
-    def publish(self, day, users, *, rebuild, max_events, hash_key):
+    def _read_items(self, keys):
+        import redis
+
+        try:
+            return [v or None for v in self._read_items_script(keys=[self.meta_key, self.items_prefix], args=keys)]
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"the online store at {self.where} does not answer: {exc}") from exc
+
+    def _publish_items(self, day: str, items: dict[bytes, bytes]) -> None:
+        """The day's item records as one hash, written before the meta names the day; every older hash but
+        the newest one before it (still read by workers on the previous day) is deleted."""
+        key = self.items_prefix + day
+        self.client.delete(key)
+        records = list(items.items())
+        for first in range(0, len(records), 1000):
+            self.client.hset(key, mapping=dict(records[first:first + 1000]))
+        older = sorted(k.decode() for k in self.client.scan_iter(match=self.items_prefix + "*")
+                       if k.decode() < key)
+        if len(older) > 1:
+            self.client.delete(*older[:-1])
+
+    def publish(self, day, users, *, rebuild, max_events, hash_key, items=None):
+        items = items or {}
+        self._publish_items(day, items)
         before = self.client.get(self.meta_key)
         n_before = 0 if rebuild or before is None else StoreMeta.parse(before, self.where).users
         # The state before `day`: none on a rebuild, else the newest field before it (D-1 on a rerun of D).
@@ -280,7 +375,7 @@ class RedisStore(OnlineStore):
             pipe.execute()
             written += len(batch)
         self.client.set(self.meta_key, StoreMeta(day, FORMAT_VERSION, hash_key, max_events, n_before + new,
-                                                 time.time()).encode())
+                                                 time.time(), len(items)).encode())
         return written, new
 
     def close(self) -> None:
@@ -329,7 +424,8 @@ def partition_files(lake: Path, days: list[str]) -> list[str]:
 
 def update_day(store: OnlineStore, lake: Path, day: str, max_events: int, hash_key: str) -> PublishReport:
     """Publish ``day``: incrementally (only D's users, merged into D-1's state) when the store is at D-1,
-    else rebuilt from every user_sequences partition up to D (first build, a rerun, a gap, another format)."""
+    else rebuilt from every user_sequences partition up to D (first build, a rerun, a gap, another format),
+    with the item statistics the run of D exported for the requests after it (lake/item_windows/date=D+1)."""
     started = time.perf_counter()
     previous = (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
     try:
@@ -349,7 +445,9 @@ def update_day(store: OnlineStore, lake: Path, day: str, max_events: int, hash_k
             counted["events"] += len(events)
             yield user, events
 
-    written, new = store.publish(day, users(), rebuild=not incremental, max_events=max_events, hash_key=hash_key)
+    items = published_items(lake, day)
+    written, new = store.publish(day, users(), rebuild=not incremental, max_events=max_events, hash_key=hash_key,
+                                 items=items)
     return PublishReport(day, "incremental" if incremental else "rebuild", written, new, counted["events"],
-                         store.meta().users, time.perf_counter() - started)
+                         store.meta().users, time.perf_counter() - started, len(items))
 

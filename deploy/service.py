@@ -25,7 +25,10 @@ limit a 413 (counted while reading, however the body is framed); an unknown user
 history a 404 (send ``history: []`` to score a new user cold); a store that is missing, half-written or
 of another format a 503 that says which. Each refusal carries the reason the metrics count it under
 (``Refused``). Unknown
-ad, campaign or category ids are not errors: they are hashed like every id, as at training time.
+ad, campaign or category ids are not errors: they are hashed like every id, as at training time. A candidate's
+item statistics (its ad's and campaign's counts) come from the store; one whose ad has no record there, or a
+request scored while no store answers, scores with zero counts and is counted
+(``genrank_serve_item_stats_defaulted_total``), never refused.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-from contracts import ACTIONS, CLICK_TYPES
+from contracts import ACTIONS, CLICK_TYPES, ITEM_STAT_COLUMNS
 from deploy.event_codec import EventArrays, encode, to_sample
 from deploy.onnx_export import ONNX_FILE, ONNX_SHA256_TAG, OnnxScorer, ServingBundle, find_bundle, request_arrays
 from deploy.prediction_log import LogLimits, PredictionLog
@@ -253,6 +256,16 @@ class StoreHandle:
                                                       f"max_events >= {counter_len}")
         return meta.as_of, events
 
+    def item_stats(self, cols: dict[str, list]) -> tuple[np.ndarray, int]:
+        """The candidates' item statistics and how many of them defaulted (all of them without a store)."""
+        n = len(cols["ad_id"])
+        if self.store is not None:
+            try:
+                return self.store.item_stats(cols["ad_id"], cols["campaign_id"])
+            except StoreUnavailable:
+                pass
+        return np.zeros((n, len(ITEM_STAT_COLUMNS)), np.float32), n
+
 
 # ------------------------------------------------------------------------------------------ requests
 
@@ -415,8 +428,11 @@ def create_app(cfg: ServiceConfig, watch: bool = True) -> FastAPI:
             source = "store"
         ts = req.request_ts_ms if req.request_ts_ms is not None else int(time.time() * 1000)
         hist = hist.take(hist.ts <= ts)  # a request sees nothing from its own future
-        tokens = request_tokens(to_sample(hist, c.features),
-                                to_sample(candidate_events(cand_cols, ts, key), c.features), c)
+        candidates = to_sample(candidate_events(cand_cols, ts, key), c.features)
+        if c.features.item_stats:
+            candidates.item_stats, defaulted = store.item_stats(cand_cols)
+            metrics.item_stats_defaulted(defaulted)
+        tokens = request_tokens(to_sample(hist, c.features), candidates, c)
         probs = cur.scorer.score(request_arrays(tokens)).tolist()
         request_id = req.request_id or uuid.uuid4().hex
         response = _json({

@@ -7,6 +7,8 @@
     genrank_serve_store_day_timestamp_seconds             start (UTC) of the newest day each worker's store holds
     genrank_serve_store_staleness_seconds                 seconds since the end of that day (+Inf without a store)
     genrank_serve_prediction_log_records_total            prediction-log records written
+    genrank_serve_item_stats_defaulted_total              candidates scored with default item statistics (their
+                                                          ad has no record in the store, or no store answered)
     genrank_serve_prediction_log_dropped_total{reason}    records dropped: queue_full, write_error
 
 Several workers (``genrank serve --workers N``) use prometheus_client's multiprocess mode: every worker
@@ -57,6 +59,13 @@ class ServiceMetrics:
         self.log_dropped = Counter("genrank_serve_prediction_log_dropped",
                                    "Prediction-log records dropped, by reason (queue_full, write_error)", ["reason"],
                                    registry=r)
+        self.stats_defaulted = Counter("genrank_serve_item_stats_defaulted",
+                                       "Candidates scored with default item statistics (zero counts): no record "
+                                       "of their ad in the online store, or no store to ask", registry=r)
+
+    def item_stats_defaulted(self, n: int) -> None:
+        if n:
+            self.stats_defaulted.inc(n)
 
     def answered(self, status: int, reason: str | None = None, seconds: float | None = None) -> None:
         """One POST /v1/score answer: an error's reason, a scored request's time."""

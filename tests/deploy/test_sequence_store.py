@@ -1,15 +1,18 @@
 """The online sequence store, embedded (LMDB) and on a real redis-server: the daily update rewrites only
-the day's users and equals the lake's newest events, a reader sees day D-1 or D and never a mix, and a
-missing, half-written or foreign store says why."""
+the day's users and equals the lake's newest events, a reader sees day D-1 or D and never a mix, the item
+statistics published with a day are the lake's and replace the day before's, and a missing, half-written or
+foreign store says why."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from contracts import ITEM_STAT_COLUMNS
 from deploy.event_codec import encode, to_sample
 from deploy.sequence_store import (FORMAT_VERSION, LmdbStore, RedisStore, StoreUnavailable, open_store,
                                    partition_files, update_day)
@@ -87,6 +90,34 @@ def test_the_daily_update_rewrites_only_the_days_users_and_equals_the_lake(store
     assert store.lookup("nobody")[1] is None
     rerun = update_day(store, lake, DAYS[-1], MAX_EVENTS, KEY)  # a rerun replaces the day exactly
     assert all(_same(store.lookup(u)[1], f) for u, f in expected.items()), rerun.mode
+
+
+def _write_item_windows(lake, day: str, rows: list[tuple[str, str, list[int]]]) -> None:
+    """lake/item_windows/date=D+1 as the sequence build exports it after day D: (level, key, the four counts)."""
+    following = (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
+    names = [c.split("_", 1)[1] for c in ITEM_STAT_COLUMNS[:4]]
+    frame = pd.DataFrame([{"as_of_date": following, "level": level, "key": key, **dict(zip(names, counts))}
+                          for level, key, counts in rows])
+    part = lake / "item_windows" / f"date={following}"
+    part.mkdir(parents=True)
+    frame.astype({n: "int64" for n in names}).to_parquet(part / "part-0.parquet")
+
+
+def test_the_item_statistics_published_with_a_day_are_the_lakes_and_replace_the_day_befores(store, tmp_path):
+    lake = tmp_path / "lake"
+    _write_lake(lake)
+    _write_item_windows(lake, DAYS[0], [("ad", "i1", [10, 1, 30, 3]), ("ad", "i2", [5, 0, 5, 0]),
+                                        ("campaign", "c1", [100, 9, 400, 30])])
+    _write_item_windows(lake, DAYS[1], [("ad", "i1", [12, 2, 40, 4]), ("campaign", "c1", [90, 8, 410, 31])])
+    reports = [update_day(store, lake, day, MAX_EVENTS, KEY) for day in DAYS[:2]]
+    assert [r.item_records for r in reports] == [3, 2] and store.meta().item_records == 2
+    stats, missing = store.item_stats(["i1", "i2", "new-ad", "i1"], ["c1", "c1", "c1", None])
+    assert stats.shape == (4, len(ITEM_STAT_COLUMNS)) and missing == 2   # i2 dropped out of the windows, new-ad never in
+    np.testing.assert_array_equal(stats[0], [12, 2, 40, 4, 90, 8, 410, 31])
+    np.testing.assert_array_equal(stats[1], [0, 0, 0, 0, 90, 8, 410, 31])   # no stale record of the day before
+    np.testing.assert_array_equal(stats[3], [12, 2, 40, 4, 0, 0, 0, 0])
+    update_day(store, lake, DAYS[2], MAX_EVENTS, KEY)   # a day the build exported no statistics for
+    assert store.meta().item_records == 0 and store.item_stats(["i1"], ["c1"])[1] == 1
 
 
 def test_a_reader_sees_the_previous_day_until_the_new_one_is_published(store, tmp_path):

@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts import ITEM_STAT_COLUMNS
 from deploy import registry as reg
 from deploy.onnx_export import ONNX_SHA256_TAG, torch_probs
 from deploy.prediction_log import read_day
@@ -49,8 +50,25 @@ def home(tiny_pipeline, tmp_path):
     src = tiny_pipeline[0]
     shutil.copy2(src / "mlflow.db", tmp_path / "mlflow.db")  # artifacts stay where the run logged them
     shutil.copytree(src / "online_store", tmp_path / "online_store")  # what the run's online_sequences built
-    shutil.copytree(src / "lake" / "user_sequences", tmp_path / "lake" / "user_sequences")  # the reference
+    for dataset in ("user_sequences", "item_windows"):  # the reference
+        shutil.copytree(src / "lake" / dataset, tmp_path / "lake" / dataset)
     return tmp_path
+
+
+def _a_served_ad(home, store_day: str) -> tuple[dict, dict]:
+    """A candidate whose ad and campaign the store published statistics for with ``store_day`` (the run of
+    D exports them as lake/item_windows/date=D+1), and those statistics as the contract's columns."""
+    served = pd.read_parquet(home / "lake" / "item_windows" /
+                             f"date={(pd.Timestamp(store_day) + pd.Timedelta(days=1)).date()}")
+    names = [c.split("_", 1)[1] for c in ITEM_STAT_COLUMNS[:len(ITEM_STAT_COLUMNS) // 2]]
+    campaigns = served[served["level"] == "campaign"].set_index("key")
+    ads = served[served["level"] == "ad"].set_index("key")
+    seqs = pd.read_parquet(home / "lake" / "user_sequences").query("event_kind == 'impression'")
+    pair = seqs[seqs["item_id"].isin(ads.index) & seqs["campaign_id"].isin(campaigns.index)].iloc[0]
+    stats = {f"{level}_{n}": int(rows.loc[pair[key], n]) for level, rows, key in
+             (("ad", ads, "item_id"), ("campaign", campaigns, "campaign_id")) for n in names}
+    assert stats["ad_impressions_28d"] > 0
+    return {"ad_id": pair["item_id"], "campaign_id": pair["campaign_id"], "category_id": pair["category_id"]}, stats
 
 
 def _client(home, **overrides) -> TestClient:
@@ -72,18 +90,23 @@ def test_scores_are_the_champions(home, tmp_path):
         assert client.get("/healthz").json() == {"status": "ok", "model_version": str(champion.version)}
         info = client.get("/v1/model").json()
         assert info["version"] == str(champion.version) and info["sequence_store"]["users"] > 0
-        resp = client.post("/v1/score", json={"user_id": user, "candidates": CANDIDATES, "request_ts_ms": now})
+        served_ad, stats = _a_served_ad(home, info["sequence_store"]["as_of"])
+        candidates = CANDIDATES + [served_ad]
+        resp = client.post("/v1/score", json={"user_id": user, "candidates": candidates, "request_ts_ms": now})
         assert resp.status_code == 200, resp.text
         body = resp.json()
     assert body["model_version"] == str(champion.version) and body["history_source"] == "store"
-    assert body["history_events"] > 0 and [s["ad_id"] for s in body["scores"]] == ["ad-1", "12345"]
+    assert body["history_events"] > 0 and [s["ad_id"] for s in body["scores"]] == ["ad-1", "12345", served_ad["ad_id"]]
     probs = np.array([s["p"] for s in body["scores"]])
-    assert probs.shape == (2, body["buckets"]) and ((probs > 0) & (probs < 1)).all()
+    assert probs.shape == (3, body["buckets"]) and ((probs > 0) & (probs < 1)).all()
 
+    # the reference: the training code on the lake's history and the lake's item statistics for the served ad
+    # (the unknown ads score with zero counts)
     model = load_model(str(r.checkpoint(reg.CTR, champion.version, tmp_path / "ckpt")))
+    assert model.cfg.features.item_stats
     hist = pd.read_parquet(home / "lake" / "user_sequences").query("user_id == @user").sort_values("seq_index")
-    cands = pd.DataFrame(CANDIDATES).rename(columns={"ad_id": "item_id"}).astype(object).assign(
-        ts_ms=now, event_kind="impression")
+    cands = pd.DataFrame(candidates).rename(columns={"ad_id": "item_id"}).astype(object).assign(
+        ts_ms=now, event_kind="impression", **{c: [0, 0, stats[c]] for c in ITEM_STAT_COLUMNS})
     cands["item_id"] = cands["item_id"].astype(str)
     tokens = request_tokens(sample_from_frame(hist, model.cfg.features),
                             sample_from_frame(cands, model.cfg.features), model.cfg)
@@ -429,6 +452,8 @@ def test_metrics_count_a_known_sequence_of_requests_and_the_log_holds_the_scored
     assert before - day_start - 86400 <= metrics[("genrank_serve_store_staleness_seconds", ())] <= after - day_start - 86400
     assert metrics[("genrank_serve_prediction_log_records_total", ())] == 3
     assert not any(k[0] == "genrank_serve_prediction_log_dropped_total" for k in metrics)
+    # both candidates' ads are unknown to the store: scored with zero counts, counted in each scored request
+    assert metrics[("genrank_serve_item_stats_defaulted_total", ())] == 6
 
     logged = {r["request_id"]: r for r in read_day(plog, pd.Timestamp(now, unit="ms").date().isoformat())}
     answers = {r.json()["request_id"]: r.json() for r in scored}
