@@ -77,9 +77,14 @@ BREAKS = {
     "no_history_at_or_after_target_training_samples_event_rank":
         f"update training_samples set ts_ms = (select min(ts_ms) from training_samples where sample_date = '{DAY}' "
         f"and is_target and user_id = {SAMPLE_USER.format(n=7)}) where " + HISTORY_ROW.format(n=7, which="max"),
+    "not_null_training_samples_campaign_impressions_28d":
+        "update training_samples set campaign_impressions_28d = null where " + TARGET_ROW.format(n=8),
     "not_null_item_stats_clicks":
-        f"update item_stats set clicks = null where stat_date = '{DAY}' and ad_id = "
-        f"(select min(ad_id) from item_stats where stat_date = '{DAY}')",
+        f"update item_stats set clicks = null where stat_date = '{DAY}' and (ad_id, campaign_id) = "
+        f"(select (ad_id, campaign_id) from item_stats where stat_date = '{DAY}' order by all limit 1)",
+    "not_null_item_windows_key":
+        "insert into item_windows select * replace (null as key) from item_windows "
+        f"where as_of_date = cast('{DAY}' as date) + 1 limit 1",   # the day after the window: what serving reads next
     "not_null_user_stats_sequence_length":
         f"update user_stats set sequence_length = null where stat_date = '{DAY}' and user_id = "
         f"(select min(user_id) from user_stats where stat_date = '{DAY}')",
