@@ -160,7 +160,7 @@ def test_a_day_replayed_through_the_service_has_no_skew_and_a_tampered_score_is_
     home.mkdir()
     shutil.copy2(src / "mlflow.db", home / "mlflow.db")   # artifacts stay where the run logged them
     shutil.copytree(src / "online_store", home / "online_store")
-    for dataset in ("user_sequences", "training_samples"):
+    for dataset in ("user_sequences", "training_samples", "item_windows"):
         shutil.copytree(src / "lake" / dataset, home / "lake" / dataset)
     shutil.copytree(src / "landing", home / "landing")
     day = landing.complete_days(src)[-1]

@@ -77,7 +77,8 @@ def replayed_day(tiny_pipeline, tmp_path_factory):
     home.mkdir()
     shutil.copy2(src / "mlflow.db", home / "mlflow.db")   # artifacts stay where the run logged them
     shutil.copytree(src / "online_store", home / "online_store")
-    shutil.copytree(src / "lake" / "user_sequences", home / "lake" / "user_sequences")
+    for dataset in ("user_sequences", "item_windows"):   # what the offline re-scoring reads of the lake
+        shutil.copytree(src / "lake" / dataset, home / "lake" / dataset)
     day = landing.complete_days(src)[-1]
     with _serving(home, GENRANK_SERVE_PREDICTION_LOG=str(home / "prediction_log")) as (_, url):
         sent = replay(src, day, url, max_requests=40)
