@@ -73,9 +73,12 @@ def history_frame(rng, user: str, n: int) -> pd.DataFrame:
     })
 
 
+N_ADS, N_CAMPAIGNS = 20_000, 700   # the candidates' ads and campaigns
+
+
 def candidates(rng, n: int) -> list[dict]:
-    ads = rng.integers(0, 20000, n)
-    return [{"ad_id": f"ad{a}", "campaign_id": f"c{a % 700}", "advertiser_id": f"a{a % 90}", "category_id": f"k{a % 40}",
+    ads = rng.integers(0, N_ADS, n)
+    return [{"ad_id": f"ad{a}", "campaign_id": f"c{a % N_CAMPAIGNS}", "advertiser_id": f"a{a % 90}", "category_id": f"k{a % 40}",
              "brand_id": f"b{a % 300}", "surface": "feed", "device": "ios"} for a in ads]
 
 
@@ -218,14 +221,19 @@ def _register(home: Path, bundle_dir: Path) -> str:
 
 def _online_store(home: Path, rng, users: int, history: int, max_events: int, hash_key: str) -> None:
     """The synthetic users' histories (``history`` events each) in the embedded online store, as online_sequences
-    writes it for a model whose counters count ``max_events`` events."""
+    writes it for a model whose counters count ``max_events`` events, with item statistics for every ad and
+    campaign the candidates draw from (so every candidate's lookup finds its records)."""
     from deploy.event_codec import encode
-    from deploy.sequence_store import LmdbStore
+    from deploy.sequence_store import ITEM_WINDOW_COUNTS, LmdbStore, item_records
 
     store = LmdbStore(home / "online_store", readonly=False)
     frames = (history_frame(rng, f"user{u}", history) for u in range(users))
+    keys = [("ad", f"ad{a}") for a in range(N_ADS)] + [("campaign", f"c{c}") for c in range(N_CAMPAIGNS)]
+    shown = rng.integers(0, 5000, (len(keys), len(ITEM_WINDOW_COUNTS) // 2))
+    counts = np.stack([shown, (shown * 0.05).astype(np.int64)], 2).reshape(len(keys), -1)
     store.publish("2026-01-01", ((str(f["user_id"].iat[0]), encode({c: f[c].to_numpy(object) for c in f.columns}, hash_key))
-                                 for f in frames), rebuild=True, max_events=max_events, hash_key=hash_key)
+                                 for f in frames), rebuild=True, max_events=max_events, hash_key=hash_key,
+                  items=item_records([lv for lv, _ in keys], [k for _, k in keys], counts))
     store.close()
 
 

@@ -47,8 +47,9 @@ LAKE_COLUMNS = ["user_id", "seq_index", "ts_ms", "event_kind", "item_id", "campa
                 "category_id", "brand_id", "position", "surface", "device", "action", "label", "click_type",
                 "dwell_ms"]
 LMDB_MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
-STATS_PER_LEVEL = len(ITEM_STAT_COLUMNS) // len(ITEM_STAT_LEVELS)
-_ITEM_RECORD = np.dtype(f"<{STATS_PER_LEVEL}i8")   # one level's counts, ITEM_STAT_COLUMNS' order
+# item_windows' count columns (impressions_7d, clicks_7d, ...): one level's ITEM_STAT_COLUMNS without the level
+ITEM_WINDOW_COUNTS = tuple(c.split("_", 1)[1] for c in ITEM_STAT_COLUMNS[:len(ITEM_STAT_COLUMNS) // len(ITEM_STAT_LEVELS)])
+_ITEM_RECORD = np.dtype(f"<{len(ITEM_WINDOW_COUNTS)}i8")   # one level's counts, in that order
 
 
 class StoreUnavailable(RuntimeError):
@@ -154,7 +155,7 @@ def candidate_item_stats(read: Callable[[list[bytes]], list[bytes | None]], ad_i
     keys = [_item_key(level, key) for level, ids in zip(ITEM_STAT_LEVELS, (ad_ids, campaign_ids)) for key in ids]
     unique = list(dict.fromkeys(k for k in keys if k is not None))
     found = dict(zip(unique, read(unique))) if unique else {}
-    out = np.zeros((len(keys), STATS_PER_LEVEL), np.float32)
+    out = np.zeros((len(keys), len(ITEM_WINDOW_COUNTS)), np.float32)
     for i, key in enumerate(keys):
         if found.get(key) is not None:
             out[i] = np.frombuffer(found[key], _ITEM_RECORD)[0]
@@ -171,10 +172,15 @@ def published_items(lake: Path, day: str) -> dict[bytes, bytes]:
     if not files:
         return {}
     table = ds.dataset([str(f) for f in files], format="parquet").to_table()
-    names = [c.split("_", 1)[1] for c in ITEM_STAT_COLUMNS[:STATS_PER_LEVEL]]   # impressions_7d, clicks_7d, ...
-    counts = np.stack([table.column(name).to_numpy().astype(np.int64) for name in names], 1)
+    counts = np.stack([table.column(name).to_numpy() for name in ITEM_WINDOW_COUNTS], 1)
+    return item_records(table.column("level").to_pylist(), table.column("key").to_pylist(), counts)
+
+
+def item_records(levels: list[str], keys: list, counts: np.ndarray) -> dict[bytes, bytes]:
+    """Store records of item statistics: (level, key) -> that level's counts (n, ITEM_WINDOW_COUNTS)."""
+    counts = np.asarray(counts, np.int64)
     return {_item_key(level, key): counts[i].astype(_ITEM_RECORD.base).tobytes()
-            for i, (level, key) in enumerate(zip(table.column("level").to_pylist(), table.column("key").to_pylist()))}
+            for i, (level, key) in enumerate(zip(levels, keys))}
 
 
 # ------------------------------------------------------------------------------------------ LMDB

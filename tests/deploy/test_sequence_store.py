@@ -14,8 +14,8 @@ import pytest
 
 from contracts import ITEM_STAT_COLUMNS
 from deploy.event_codec import encode, to_sample
-from deploy.sequence_store import (FORMAT_VERSION, LmdbStore, RedisStore, StoreUnavailable, open_store,
-                                   partition_files, update_day)
+from deploy.sequence_store import (FORMAT_VERSION, ITEM_WINDOW_COUNTS, LmdbStore, RedisStore, StoreUnavailable,
+                                   open_store, partition_files, update_day)
 from models.config import FeatureConfig
 from models.data import SAMPLE_ARRAYS, sample_from_frame
 
@@ -95,7 +95,7 @@ def test_the_daily_update_rewrites_only_the_days_users_and_equals_the_lake(store
 def _write_item_windows(lake, day: str, rows: list[tuple[str, str, list[int]]]) -> None:
     """lake/item_windows/date=D+1 as the sequence build exports it after day D: (level, key, the four counts)."""
     following = (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
-    names = [c.split("_", 1)[1] for c in ITEM_STAT_COLUMNS[:4]]
+    names = list(ITEM_WINDOW_COUNTS)
     frame = pd.DataFrame([{"as_of_date": following, "level": level, "key": key, **dict(zip(names, counts))}
                           for level, key, counts in rows])
     part = lake / "item_windows" / f"date={following}"

@@ -31,7 +31,7 @@ from deploy import registry as reg
 from deploy.onnx_export import ONNX_SHA256_TAG, torch_probs
 from deploy.prediction_log import read_day
 from deploy.replay import day_requests
-from deploy.sequence_store import FORMAT_VERSION, LmdbStore
+from deploy.sequence_store import FORMAT_VERSION, ITEM_WINDOW_COUNTS, LmdbStore
 from deploy.service import ServiceConfig, create_app
 from deploy.stack import free_port
 from models import load_model
@@ -60,7 +60,7 @@ def _a_served_ad(home, store_day: str) -> tuple[dict, dict]:
     D exports them as lake/item_windows/date=D+1), and those statistics as the contract's columns."""
     served = pd.read_parquet(home / "lake" / "item_windows" /
                              f"date={(pd.Timestamp(store_day) + pd.Timedelta(days=1)).date()}")
-    names = [c.split("_", 1)[1] for c in ITEM_STAT_COLUMNS[:len(ITEM_STAT_COLUMNS) // 2]]
+    names = ITEM_WINDOW_COUNTS
     campaigns = served[served["level"] == "campaign"].set_index("key")
     ads = served[served["level"] == "ad"].set_index("key")
     seqs = pd.read_parquet(home / "lake" / "user_sequences").query("event_kind == 'impression'")
