@@ -161,8 +161,13 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
+# What a field added later means in a config saved before it existed: the behaviour that config was trained
+# with (a registered model keeps scoring as it was exported).
+SAVED_BEFORE = {FeatureConfig: {"item_stats": False}}
+
+
 def _build(cls, d):
-    kwargs = {}
+    kwargs = {k: v for k, v in SAVED_BEFORE.get(cls, {}).items() if k not in d}
     hints = {f.name: f for f in dataclasses.fields(cls)}
     sub = {"features": FeatureConfig, "backbone": BackboneConfig, "rope": RoPEConfig, "mask": MaskConfig}
     for k, v in d.items():

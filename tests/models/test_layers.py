@@ -124,3 +124,16 @@ def test_id_dropout_nulls_only_the_memorising_ids_and_only_in_training():
     kept = torch.isclose(out, never(feats)).all(1)
     assert (dropped ^ kept).all()  # a token loses all three ids or none
     assert 0.35 < dropped.float().mean() < 0.65
+
+
+def test_a_config_saved_before_the_item_statistics_keeps_scoring_without_them():
+    """A registered model's config from before FeatureConfig.item_stats existed loads with them off: its graph's
+    cross-feature input has the width it was exported with."""
+    from models.config import StudentConfig, from_dict, preset, to_dict
+    from models.data import n_counters, n_cross_features
+
+    saved = to_dict(preset("demo")[1])
+    assert saved["features"].pop("item_stats") is True
+    old = from_dict(StudentConfig, saved)
+    assert not old.features.item_stats and n_cross_features(old.features) == n_counters(old.features)
+    assert from_dict(StudentConfig, to_dict(preset("demo")[1])).features.item_stats
