@@ -122,7 +122,7 @@ class OnlineStore:
                 hash_key: str, items: dict[bytes, bytes] | None = None) -> tuple[int, int]:
         """Write every (user, events of the day) as that user's newest ``max_events`` events (merged into the
         state before ``day`` unless ``rebuild``, which starts from nothing) and the day's item-statistics
-        records (``item_records``; they replace the day before's), then publish ``day`` as one step. Returns
+        records ``items`` (``published_items``; they replace the day before's), then publish ``day`` as one step. Returns
         (users written, users new to the store)."""
         raise NotImplementedError
 
