@@ -101,7 +101,8 @@ def _add_item_stats(df: pd.DataFrame, events: pd.DataFrame, day_ms: int) -> None
         key = "item_id" if level == "ad" else "campaign_id"
         per_key = window.groupby(key)["label"].agg("count" if count == "impressions" else "sum")
         values = df[key].map(per_key).fillna(0).astype("int64")
-        df[column] = pd.Series(values.to_numpy(), index=df.index, dtype="Int64").where(target)
+        # float with NaN, as pandas reads a dbt-built partition's nullable integers (no nullable Int64 metadata)
+        df[column] = np.where(target, values.to_numpy(np.float64), np.nan)
 
 
 def write_training_samples(root: str, start_date: str = "2026-01-10", n_days: int = 1, n_users: int = 16,
