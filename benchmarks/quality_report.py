@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     seeds = list(range(n_seeds))
     variants = [*GBDT, "no_history", "counters_no_history", "teacher", "student", "student_kd", "student_kd_oot", *DAILY,
                 *LEVERS,
-                "no_cross_features", "no_item_stats", *ABLATIONS]
+                "no_cross_features", "item_stats", *ABLATIONS]
     if a.only:
         unknown = set(a.only.split(",")) - set(variants)
         if unknown:

@@ -194,8 +194,8 @@ def derived(world: World, results: dict, seeds: list[int], variants: list[str]) 
             row(f"{label} - student (no KD)", v, "student", "issue #18: KD that pays", +1)
     row("no cross features - student (no KD)", "no_cross_features", "student",
         "MTGR: -1.25 pp CTR GAUC without its cross features", -1)
-    row("no item statistics - student (no KD)", "no_item_stats", "student",
-        "issue #34: what trees on the ad's CTR had", -1)
+    row("item statistics - student (no KD)", "item_stats", "student",
+        "issue #34: what trees on the ad's CTR had", +1)
     for v in ABLATIONS:
         if v in variants:
             paper, exp = SEED_EXPECTATIONS[v]

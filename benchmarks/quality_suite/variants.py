@@ -73,7 +73,7 @@ LABELS = {
     "no_litm": "- LITM off",
     "no_patm": "- PATM off",
     "no_cross_features": "- no cross features (MTGR)",
-    "no_item_stats": "- no item statistics (the ad's and campaign's counts)",
+    "item_stats": "student with item statistics (the ad's and campaign's counts)",
 }
 
 
@@ -129,8 +129,8 @@ def student_variant(base, name: str):
         return ablated(base, NoHistoryConfig, keep_counters=True)
     if name == "no_cross_features":
         return r(base, features=r(base.features, cross_windows_days=()))
-    if name == "no_item_stats":
-        return r(base, features=r(base.features, item_stats=False))
+    if name == "item_stats":
+        return r(base, features=r(base.features, item_stats=True))
     if name == "no_position_heads":
         return ablated(base, PositionInputConfig, backbone=r(base.backbone, n_buckets=1))
     if name == "no_train_delay":

@@ -37,7 +37,8 @@ def item_stat_features(counts: np.ndarray, fc: FeatureConfig) -> np.ndarray:
     for days in ITEM_STAT_WINDOWS_DAYS:
         prior = np.full(len(counts), fc.item_stats_prior_ctr)
         for level in reversed(ITEM_STAT_LEVELS):  # the campaign first: it is the ad's prior
-            shown, clicked = stat[f"{level}_impressions_{days}d"], stat[f"{level}_clicks_{days}d"]
+            shown = np.maximum(stat[f"{level}_impressions_{days}d"], 0)
+            clicked = np.clip(stat[f"{level}_clicks_{days}d"], 0, shown)   # a corrupt record stays a rate
             prior = (clicked + k * prior) / (shown + k)
             out += [np.log1p(shown), np.log1p(clicked), np.log(prior) - np.log1p(-prior)]
     return np.stack(out, 1).astype(np.float32) if out else np.zeros((len(counts), 0), np.float32)

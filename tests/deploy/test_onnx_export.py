@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from deploy.onnx_export import (PARITY_TOLERANCE, OnnxScorer, RequestScorer, export_onnx, find_bundle,
                                 latency_p99_ms, request_arrays, torch_probs, write_bundle)
+from contracts import ITEM_STAT_COLUMNS
 from models import preset
 from models.data import request_tokens, sample_from_frame
 from models.student import Student
@@ -27,7 +28,8 @@ def _student(rope: str) -> Student:
     enough that probabilities vary across candidates: parity of near-constant outputs proves little."""
     _, cfg, _ = preset("tiny")
     cfg = dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, n_layers=4),
-                              rope=dataclasses.replace(cfg.rope, mode=rope, dt_max_s=86400.0))
+                              rope=dataclasses.replace(cfg.rope, mode=rope, dt_max_s=86400.0),
+                              features=dataclasses.replace(cfg.features, item_stats=True))   # the wider cand_cross
     torch.manual_seed(1)
     m = Student(cfg).eval()
     with torch.no_grad():
@@ -64,6 +66,9 @@ def _request(m: Student, seed: int, n_hist: int, n_cand: int, recent_hours: floa
     # history spans weeks, and part of it falls inside the delay window (invisible to the candidates)
     hist = _events(rng, n_hist, now - 20 * DAY, now - int(recent_hours * HOUR) + 1)
     cands = _events(rng, n_cand, now, now + 1, kind="impression").assign(ts_ms=now)
+    shown = rng.integers(0, 3000, (n_cand, len(ITEM_STAT_COLUMNS)))   # the store's item statistics
+    cands = cands.assign(**{c: shown[:, j - ("clicks" in c)] // (20 if "clicks" in c else 1)
+                            for j, c in enumerate(ITEM_STAT_COLUMNS)})   # a window's clicks: its impressions / 20
     return request_tokens(sample_from_frame(hist, m.cfg.features), sample_from_frame(cands, m.cfg.features), m.cfg)
 
 

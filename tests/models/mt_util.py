@@ -4,7 +4,8 @@ from models.config import BackboneConfig, FeatureConfig, StudentConfig, TeacherC
 
 def tiny_features() -> FeatureConfig:
     return FeatureConfig(item_buckets=512, campaign_buckets=64, advertiser_buckets=32, category_buckets=32,
-                         brand_buckets=32, surface_buckets=8, device_buckets=8, max_position=10, dwell_buckets=8)
+                         brand_buckets=32, surface_buckets=8, device_buckets=8, max_position=10, dwell_buckets=8,
+                         item_stats=True)   # the models tests cover the item statistics' path, off where the pipeline trains
 
 
 def tiny_backbone(**kw) -> BackboneConfig:

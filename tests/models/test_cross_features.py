@@ -73,6 +73,7 @@ def test_item_stat_features_are_finite_and_an_unseen_id_sits_at_its_prior(shown_
     fc = tiny_features()
     counts = np.array([[v for shown, ctr in shown_and_ctr for v in (shown, np.floor(shown * ctr))]], np.float32)
     assert np.isfinite(item_stat_features(counts, fc)).all()
+    assert np.isfinite(item_stat_features(counts[:, ::-1].copy(), fc)).all()   # clicks above impressions: corrupt, finite
     unseen = item_stat_features(np.zeros((1, len(ITEM_STAT_COLUMNS)), np.float32), fc).reshape(-1, 3)
     prior = np.log(fc.item_stats_prior_ctr / (1 - fc.item_stats_prior_ctr))
     np.testing.assert_allclose(unseen, np.tile([0.0, 0.0, prior], (len(unseen), 1)), atol=1e-6)

@@ -132,8 +132,10 @@ def test_a_config_saved_before_the_item_statistics_keeps_scoring_without_them():
     from models.config import StudentConfig, from_dict, preset, to_dict
     from models.data import n_counters, n_cross_features
 
-    saved = to_dict(preset("demo")[1])
+    student = preset("demo")[1]
+    with_stats = dataclasses.replace(student, features=dataclasses.replace(student.features, item_stats=True))
+    saved = to_dict(with_stats)
     assert saved["features"].pop("item_stats") is True
     old = from_dict(StudentConfig, saved)
     assert not old.features.item_stats and n_cross_features(old.features) == n_counters(old.features)
-    assert from_dict(StudentConfig, to_dict(preset("demo")[1])).features.item_stats
+    assert from_dict(StudentConfig, to_dict(with_stats)).features.item_stats
