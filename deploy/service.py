@@ -25,8 +25,9 @@ limit a 413 (counted while reading, however the body is framed); an unknown user
 history a 404 (send ``history: []`` to score a new user cold); a store that is missing, half-written or
 of another format a 503 that says which. Each refusal carries the reason the metrics count it under
 (``Refused``). Unknown
-ad, campaign or category ids are not errors: they are hashed like every id, as at training time. A candidate's
-item statistics (its ad's and campaign's counts) come from the store; one whose ad has no record there, or a
+ad, campaign or category ids are not errors: they are hashed like every id, as at training time. For a model
+trained with item statistics (FeatureConfig.item_stats; off where the pipeline trains), a candidate's (its ad's
+and campaign's counts) come from the store; one whose ad has no record there, or a
 request scored while no store answers, scores with zero counts and is counted
 (``genrank_serve_item_stats_defaulted_total``), never refused.
 """

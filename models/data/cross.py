@@ -41,7 +41,7 @@ def item_stat_features(counts: np.ndarray, fc: FeatureConfig) -> np.ndarray:
             clicked = np.clip(stat[f"{level}_clicks_{days}d"], 0, shown)   # a corrupt record stays a rate
             prior = (clicked + k * prior) / (shown + k)
             out += [np.log1p(shown), np.log1p(clicked), np.log(prior) - np.log1p(-prior)]
-    return np.stack(out, 1).astype(np.float32) if out else np.zeros((len(counts), 0), np.float32)
+    return np.stack(out, 1).astype(np.float32)
 
 
 def scored_features(counted: tuple[np.ndarray, np.ndarray], q_feats: np.ndarray, q_cut: np.ndarray,
