@@ -70,7 +70,7 @@ def run_seed(world: World, recipe: Recipe, seed: int, variants: list[str], resul
             continue
         t0 = time.perf_counter()
         if v in GBDT:
-            results[key(v)] = counters_gbdt(world, tcfg, seed, user_counters=v == "counters_gbdt")
+            results[key(v)] = counters_gbdt(world, tcfg, seed, v)
             print(f"  [{world.name}] seed {seed} {v:18s} auc {results[key(v)]['auc']:.4f} "
                   f"({time.perf_counter() - t0:.0f}s)", flush=True)
             save()

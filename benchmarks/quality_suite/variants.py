@@ -56,6 +56,7 @@ LABELS = {
     "bucket_ctr": "per-bucket historical CTR",
     "counters_gbdt": "trees on the user's counters, the ad's CTR and the context (best epoch: trees)",
     "ad_gbdt": "trees on the ad's CTR and the context",
+    "served_gbdt": "trees on the user's counters, the served item statistics and the context",
     "no_history": "student, no user history",
     "counters_no_history": "student on the counters, no history tokens",
     "teacher": "teacher (full tokens)",
