@@ -5,6 +5,7 @@ simulated worlds (and MovieLens and MIND on request).
     .venv/bin/python benchmarks/quality_report.py --quick         # tiny world, 1 seed, small models: minutes
     .venv/bin/python benchmarks/quality_report.py --worlds demo --seeds 1 --only student,no_litm
     .venv/bin/python benchmarks/quality_report.py --mind-only --only no_history,teacher,student,student_kd
+    .venv/bin/python benchmarks/quality_report.py --obd-only       # the Open Bandit Dataset's real display positions
 
 Its parts are in benchmarks/quality_suite/ (worlds, samples, oracle, baselines, variants, protocol,
 runs, report); benchmarks/calibration_window.py and counter_probe.py reuse them.
@@ -16,7 +17,9 @@ into training samples: the Dagster assets of the `ingest` and `sequences` groups
 sequences, their checks), one daily partition after the other as `genrank run` does, stopping before
 the models. MovieLens latest-small goes through the importer (`genrank import movielens`, a
 `--ml-since/--ml-until` slice with its empty days filled, so the partitions are contiguous) and the
-same stages; so does MIND-small's 5,000-impression subset (`genrank import mind`, `--mind`). All are
+same stages; so do MIND-small's 5,000-impression subset (`genrank import mind`, `--mind`) and the Open Bandit
+Dataset's small sample, random logging policy, its three campaigns (`genrank import obd`, `--obd`: 30,000
+impressions in real left/center/right slots over 7 days, users only as cohorts of their hashed features). All are
 built once and reused (delete the folder to rebuild). The default MovieLens
 slice, 2015-11-02..2015-11-18, is chosen because MovieLens is sparse in time (610 users over 22 years,
 most of them rating in one burst), every calendar day costs a pipeline partition, and the sequence
@@ -68,6 +71,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the models every real dataset runs (issue #34 item 6): no history, the student with and without KD, the teacher,
+# and the trees, both kinds
+REAL_DATA = ("counters_gbdt", "served_gbdt", "no_history", "teacher", "student", "student_kd")
 sys.path.insert(0, str(ROOT))
 from benchmarks.quality_suite.baselines import GBDT, ad_evidence, baseline_metrics  # noqa: E402
 from benchmarks.quality_suite.oracle import evidence_oracle, oracle_rows  # noqa: E402
@@ -105,6 +111,12 @@ def parser() -> argparse.ArgumentParser:
                                                        "no-history, teacher, student, KD")
     p.add_argument("--mind-only", action="store_true", help="MIND alone")
     p.add_argument("--mind-src", default=str(ROOT.parent / "shared" / "data" / "mind_small_subset"))
+    p.add_argument("--obd", action="store_true", help="also the Open Bandit Dataset's small sample (random policy, "
+                                                      "real display positions; issue #34 item 6)")
+    p.add_argument("--obd-only", action="store_true", help="OBD alone")
+    p.add_argument("--obd-src", default=str(ROOT.parent / "shared" / "data" / "open_bandit_dataset_small"))
+    p.add_argument("--obd-eval-days", type=int, default=2,
+                   help="OBD's last days tested (default 2: a day holds about 19 clicks)")
     p.add_argument("--threads", type=int, default=int(os.environ.get("GENRANK_TORCH_THREADS", "1")))
     p.add_argument("--out", default=None, help="also write the report (markdown) to this file")
     return p
@@ -187,7 +199,7 @@ def main(argv=None) -> int:
               f"{recipe.describe()}.")
     print(header, flush=True)
     worlds = []
-    if not (a.movielens_only or a.mind_only):
+    if not (a.movielens_only or a.mind_only or a.obd_only):
         specs = {"tiny": {"preset": "tiny", "seed": 0}} if q else {**WORLDS, **SEQUENCE_WORLDS}
         for name in (["tiny"] if q else a.worlds.split(",")):
             if name not in specs:
@@ -203,7 +215,7 @@ def main(argv=None) -> int:
                    "MovieLens has no display position "
                    "(every impression is position 1, one bucket): the per-bucket baseline is one CTR per day, so its "
                    "AUC only reflects day-to-day CTR changes.")
-        worlds.append((ml, [v for v in variants if v in ("no_history", "student")], ml_recipe,
+        worlds.append((ml, [v for v in variants if v in REAL_DATA], ml_recipe,
                        list(range(a.ml_seeds if a.ml_seeds is not None else (1 if q else 10)))))
     if a.mind or a.mind_only:
         mind = prepare_imported("mind", "MIND-small train, 5,000-impression subset (2019-11-09..14; click histories "
@@ -211,8 +223,14 @@ def main(argv=None) -> int:
         mind.note = ("Every impression is position 1 (MIND shuffles its lists), so one bucket; news side features "
                      "cover ~4 % of the news ids; most users have one request in the subset, so a user's history is "
                      "its untimed click history from before the split.")
-        worlds.append((mind, [v for v in variants if v in ("no_history", "teacher", "student", "student_kd")], recipe,
-                       seeds))
+        worlds.append((mind, [v for v in variants if v in REAL_DATA], recipe, seeds))
+    if a.obd or a.obd_only:
+        obd = prepare_imported("obd", "Open Bandit Dataset small, random policy, campaigns all, men and women "
+                               "(2019-11-24..30)", home / "obd", Path(a.obd_src), a.obd_eval_days)
+        obd.note = ("Real display positions (1 left, 2 center, 3 right) under a uniform-random policy, so position "
+                    "and item are independent. OBD has no user id: a user is a cohort sharing the four hashed user "
+                    "features (about 250), so a history is the cohort's, not a person's.")
+        worlds.append((obd, [v for v in variants if v in REAL_DATA + ("no_position_heads",)], recipe, seeds))
     prep_s = time.perf_counter() - started
 
     out = [header, ""]
