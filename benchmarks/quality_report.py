@@ -217,20 +217,24 @@ def main(argv=None) -> int:
                    "AUC only reflects day-to-day CTR changes.")
         worlds.append((ml, [v for v in variants if v in REAL_DATA], ml_recipe,
                        list(range(a.ml_seeds if a.ml_seeds is not None else (1 if q else 10)))))
+
+    def imported(dataset: str, name: str, src: str, eval_days: int, note: str, extra: tuple = ()) -> None:
+        world = prepare_imported(dataset, name, home / dataset, Path(src), eval_days)
+        world.note = note
+        worlds.append((world, [v for v in variants if v in REAL_DATA + extra], recipe, seeds))
+
     if a.mind or a.mind_only:
-        mind = prepare_imported("mind", "MIND-small train, 5,000-impression subset (2019-11-09..14; click histories "
-                                "landed untimed on 2019-11-08)", home / "mind", Path(a.mind_src), a.eval_days)
-        mind.note = ("Every impression is position 1 (MIND shuffles its lists), so one bucket; news side features "
-                     "cover ~4 % of the news ids; most users have one request in the subset, so a user's history is "
-                     "its untimed click history from before the split.")
-        worlds.append((mind, [v for v in variants if v in REAL_DATA], recipe, seeds))
+        imported("mind", "MIND-small train, 5,000-impression subset (2019-11-09..14; click histories landed untimed on "
+                 "2019-11-08)", a.mind_src, a.eval_days,
+                 "Every impression is position 1 (MIND shuffles its lists), so one bucket; news side features cover "
+                 "~4 % of the news ids; most users have one request in the subset, so a user's history is its "
+                 "untimed click history from before the split.")
     if a.obd or a.obd_only:
-        obd = prepare_imported("obd", "Open Bandit Dataset small, random policy, campaigns all, men and women "
-                               "(2019-11-24..30)", home / "obd", Path(a.obd_src), a.obd_eval_days)
-        obd.note = ("Real display positions (1 left, 2 center, 3 right) under a uniform-random policy, so position "
-                    "and item are independent. OBD has no user id: a user is a cohort sharing the four hashed user "
-                    "features (about 250), so a history is the cohort's, not a person's.")
-        worlds.append((obd, [v for v in variants if v in REAL_DATA + ("no_position_heads",)], recipe, seeds))
+        imported("obd", "Open Bandit Dataset small, random policy, campaigns all, men and women (2019-11-24..30)",
+                 a.obd_src, a.obd_eval_days,
+                 "Real display positions (1 left, 2 center, 3 right) under a uniform-random policy, so position and "
+                 "item are independent. OBD has no user id: a user is a cohort sharing the four hashed user "
+                 "features (about 250), so a history is the cohort's, not a person's.", ("no_position_heads",))
     prep_s = time.perf_counter() - started
 
     out = [header, ""]
