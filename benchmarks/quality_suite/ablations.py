@@ -8,10 +8,12 @@ import dataclasses
 
 import numpy as np
 import torch
+from torch import nn
 
 from models.config import StudentConfig
 from models.data import F_POS, Batch, Sample, StudentTokens
 from models.data.tokens import valid_targets
+from models.layers import init_weights
 from models.student import Student
 
 
@@ -90,6 +92,23 @@ class PositionInputStudent(Student):
 
 
 ABLATED = (NoHistoryConfig, PositionInputConfig)
+
+
+@dataclasses.dataclass
+class DeepAdapterConfig(StudentConfig):
+    """The counters' adapter (models.layers.CrossFeatures) with two hidden layers instead of one: the shape of
+    benchmarks/counter_probe.py's MLP, which scores above the student on the counters alone."""
+
+    def build(self) -> Student:
+        return DeepAdapterStudent(self)
+
+
+class DeepAdapterStudent(Student):
+    def __init__(self, cfg: DeepAdapterConfig):
+        super().__init__(cfg)
+        d, n = cfg.backbone.d_model, self.cross.net[0].in_features
+        self.cross.net = nn.Sequential(nn.Linear(n, d), nn.SiLU(), nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
+        init_weights(self.cross)
 
 
 def ablated(base: StudentConfig, kind: type, **settings) -> StudentConfig:

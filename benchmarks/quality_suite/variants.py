@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.quality_suite.ablations import NoHistoryConfig, PositionInputConfig, ablated
+from benchmarks.quality_suite.ablations import DeepAdapterConfig, NoHistoryConfig, PositionInputConfig, ablated
 from benchmarks.quality_suite.hstu import HSTUConfig
 
 # the seed papers' ablations of the student without KD (report.py SEED_EXPECTATIONS: their published effects).
@@ -32,6 +32,9 @@ LEVERS = {
                         "student on the counters, no history tokens, ids dropped in training"),
     "student_2k_history": ("student", lambda c: dataclasses.replace(c, max_len=2048),
                            "student, 2,048 history events instead of 1,024"),
+    # issue #34 item 5: the counters through a deeper adapter (the counter probe's MLP beats the student on them)
+    "student_deep_adapter": ("student", lambda c: ablated(c, DeepAdapterConfig),
+                             "student, the counters' adapter with 2 hidden layers instead of 1"),
     "student_window_counters": ("student", lambda c: dataclasses.replace(c, counter_len=None),
                                 "student, counters over its 1,024 history events only (before counter_len)"),
     "student_kd_lambda1": ("kd", lambda c: dataclasses.replace(c, kd_lambda=1.0), "student, KD lambda 1 instead of 50"),
