@@ -91,9 +91,6 @@ class PositionInputStudent(Student):
         return super().forward(batch, serving)
 
 
-ABLATED = (NoHistoryConfig, PositionInputConfig)
-
-
 @dataclasses.dataclass
 class DeepAdapterConfig(StudentConfig):
     """The counters' adapter (models.layers.CrossFeatures) with two hidden layers instead of one: the shape of
@@ -109,6 +106,9 @@ class DeepAdapterStudent(Student):
         d, n = cfg.backbone.d_model, self.cross.net[0].in_features
         self.cross.net = nn.Sequential(nn.Linear(n, d), nn.SiLU(), nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
         init_weights(self.cross)
+
+
+ABLATED = (NoHistoryConfig, PositionInputConfig, DeepAdapterConfig)
 
 
 def ablated(base: StudentConfig, kind: type, **settings) -> StudentConfig:
