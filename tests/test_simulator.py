@@ -12,11 +12,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import contracts
 from tests.conftest import SHARED_DATA
 from transforms import landing
 from transforms.simulator import SimulationError, resolve_config, simulate
+from transforms.simulator.users import _Column
 from transforms.simulator.world import OBD_SLOT_CTR, Strengths, complement_map
 
 
@@ -69,6 +72,21 @@ def test_a_seeds_world_is_the_one_it_always_was(tmp_path):
     simulate(preset="tiny", seed=3, out=tmp_path, config=resolve_config("tiny", shift_day="2026-01-03"))
     digest = _world_digest(tmp_path)
     assert digest in WORLD_AT_820BCA9, f"{digest}: not a world 820bca9 gave (a new kind of CPU: run 820bca9 on it)"
+
+
+@given(st.lists(st.integers(-(2 ** 62), 2 ** 62), max_size=300), st.lists(st.floats(allow_nan=False), max_size=300))
+def test_a_memory_column_holds_what_the_list_it_replaced_converted_to(ints, floats):
+    """The user's memory reads its columns on every ad request; a world stays the same only if they are the
+    numbers and dtype ``np.asarray`` of the Python lists gave (the digest above checks the brand memory on a
+    whole world, this every length across the doubling)."""
+    for values, dtype in ((ints, np.int64), (floats, np.float64)):
+        column = _Column(dtype)
+        for v in values:
+            column.append(v)
+        want = np.asarray(values, dtype=dtype) if not values else np.asarray(values)
+        assert len(column) == len(values)
+        assert column.values.dtype == want.dtype
+        assert np.array_equal(column.values, want)
 
 
 def _classify(kind: str, line: str):

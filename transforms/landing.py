@@ -259,8 +259,12 @@ def read_lines(path: Path) -> list[str]:
         raise LandingError(f"{path}: corrupt gzip ({exc})") from exc
 
 
+# json.dumps builds a new encoder on every call with a non-default argument; the simulator serialises millions
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def dumps(record: dict) -> str:
-    return json.dumps(record, separators=(",", ":"))
+    return _COMPACT.encode(record)
 
 
 def quarantine_ledger_path(root: str | os.PathLike) -> Path:

@@ -35,6 +35,9 @@ from transforms.simulator import defects
 from transforms.simulator.users import EFFECTS, simulate_user
 from transforms.simulator.world import PRESETS, Catalog, WorldConfig
 
+# The oracle's rows become a DataFrame this many at a time: one per user cost more than a tenth of the
+# simulator's time (a construction's fixed cost), all at once would hold every row as a tuple (GBs on `large`).
+ORACLE_CHUNK_ROWS = 200_000
 ORACLE_COLUMNS = ("impression_id", "request_id", "user_id", "ts_ms", "ad_id", "surface", "position",
                   "p_click", "p_click_serving", "p_relevance", "clicked")
 
@@ -110,10 +113,18 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
     out = Path(out)
     days = [(dt.date.fromisoformat(cfg.start_date) + dt.timedelta(days=i)).isoformat() for i in range(cfg.n_days)]
     day_index = {d: i for i, d in enumerate(days)}
+    first_ms = landing.day_start_ms(days[0])
+
+    def day_of(ts_ms: int) -> str:
+        """The UTC day of a record's time, by integer division inside the world (landing.day_of_ms, a datetime
+        per record, was a few % of the simulator's time); a click after the world's last day names its own."""
+        i = (ts_ms - first_ms) // DAY_MS
+        return days[i] if 0 <= i < len(days) else landing.day_of_ms(ts_ms).isoformat()
     check_shift_day(cfg.shift_day, days)
     catalog = Catalog.build(cfg, seed)
 
     oracle: list[pd.DataFrame] = []
+    oracle_rows: list[tuple] = []
     effects: list[np.ndarray] = []
     clicked_impression_day: dict[str, str] = {}   # the day of each clicked impression (its click may land later)
     clicks_beyond_range = behaviors = 0
@@ -131,7 +142,7 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
             for kind, recs in (("impressions", stream.impressions), ("behaviors", stream.behaviors),
                                ("clicks", stream.clicks)):
                 for rec in recs:
-                    d = landing.day_of_ms(rec["ts_ms"]).isoformat()
+                    d = day_of(rec["ts_ms"])
                     if kind == "clicks" and d not in day_index:
                         clicks_beyond_range += 1
                         continue
@@ -140,9 +151,12 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
                         clicked_impression_day[rec["impression_id"]] = d
             spill.add(by_day)
             behaviors += len(stream.behaviors)
+            oracle_rows += stream.oracle
             if stream.oracle:
-                oracle.append(pd.DataFrame(stream.oracle, columns=list(ORACLE_COLUMNS)))
                 effects.append(np.concatenate(stream.effects))
+            if oracle_rows and (len(oracle_rows) >= ORACLE_CHUNK_ROWS or user == cfg.n_users):
+                oracle.append(pd.DataFrame(oracle_rows, columns=list(ORACLE_COLUMNS)))
+                oracle_rows = []
 
         # Day by day, in order: what a day's files need of the days before it is carried (the clicks logged late
         # into it, the impressions destroyed before it), so the draws are those of one pass over every day at once.

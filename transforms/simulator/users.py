@@ -69,18 +69,42 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+class _Column:
+    """An append-only column of numbers held as one numpy array (grown by doubling). The brand and organic
+    memories keep every event of a user's whole simulated span and are read on every ad request: converting
+    them from Python lists each time grew with the days simulated. ``values`` holds what a list would have
+    converted to, the same numbers in the same dtype."""
+
+    def __init__(self, dtype) -> None:
+        self._data = np.empty(64, dtype=dtype)
+        self._n = 0
+
+    def append(self, value) -> None:
+        if self._n == len(self._data):
+            self._data = np.concatenate([self._data, np.empty_like(self._data)])
+        self._data[self._n] = value
+        self._n += 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._data[:self._n]
+
+
 class _Memory:
     """Timestamped events a user has produced, for the session and long-range terms."""
 
     def __init__(self) -> None:
         self.recent_ts: list[int] = []
         self.recent_cat: list[int] = []
-        self.brand_ts: list[int] = []
-        self.brand_id: list[int] = []
-        self.brand_w: list[float] = []
-        self.brand_act: list[int] = []      # +1 a cart, -1 a buy, 0 a fav (the abandonment term)
-        self.organic_ts: list[int] = []     # every organic event, for the complement term
-        self.organic_cat: list[int] = []
+        self.brand_ts = _Column(np.int64)
+        self.brand_id = _Column(np.int64)
+        self.brand_w = _Column(np.float64)
+        self.brand_act = _Column(np.int64)      # +1 a cart, -1 a buy, 0 a fav (the abandonment term)
+        self.organic_ts = _Column(np.int64)     # every organic event, for the complement term
+        self.organic_cat = _Column(np.int64)
 
     def add_interest(self, ts: int, category: int) -> None:
         self.recent_ts.append(ts)
@@ -115,30 +139,30 @@ class _Memory:
 
     def brand_terms(self, now: int, brands: np.ndarray, half_life_ms: float) -> tuple[np.ndarray, np.ndarray]:
         """The long-range brand term with full information and at serving."""
-        if not self.brand_ts:
+        if not len(self.brand_ts):
             return np.zeros(len(brands)), np.zeros(len(brands))
-        age = now - np.asarray(self.brand_ts)
-        decayed = np.asarray(self.brand_w) * np.power(0.5, age / half_life_ms)
-        same = np.asarray(self.brand_id)[None, :] == brands[:, None]
+        age = now - self.brand_ts.values
+        decayed = self.brand_w.values * np.power(0.5, age / half_life_ms)
+        same = self.brand_id.values[None, :] == brands[:, None]
         return tuple(same @ np.where(age >= min_age, decayed, 0.0) for min_age in (1, SERVING_DELAY_MS))
 
 
     def complement_terms(self, now: int, categories: np.ndarray, complement: np.ndarray,
                          half_life_ms: float) -> tuple[np.ndarray, np.ndarray]:
         """Decayed organic events whose category's complement is each ad's category, full and at serving."""
-        if not self.organic_ts:
+        if not len(self.organic_ts):
             return np.zeros(len(categories)), np.zeros(len(categories))
-        age = now - np.asarray(self.organic_ts)
-        leads_to = complement[np.asarray(self.organic_cat)][None, :] == categories[:, None]
+        age = now - self.organic_ts.values
+        leads_to = complement[self.organic_cat.values][None, :] == categories[:, None]
         decayed = np.power(0.5, age / half_life_ms)
         return tuple(leads_to @ np.where(age >= min_age, decayed, 0.0) for min_age in (1, SERVING_DELAY_MS))
 
     def abandonment_terms(self, now: int, brands: np.ndarray, half_life_ms: float) -> tuple[np.ndarray, np.ndarray]:
         """Per ad: the sign of its brand's newest cart (+1) or buy (-1), decayed by its age; full and at serving."""
         terms = (np.zeros(len(brands)), np.zeros(len(brands)))
-        if not self.brand_ts:
+        if not len(self.brand_ts):
             return terms
-        age, act, brand = now - np.asarray(self.brand_ts), np.asarray(self.brand_act), np.asarray(self.brand_id)
+        age, act, brand = now - self.brand_ts.values, self.brand_act.values, self.brand_id.values
         for term, min_age in zip(terms, (1, SERVING_DELAY_MS)):
             seen = (age >= min_age) & (act != 0)
             for k, b in enumerate(brands):
@@ -238,28 +262,32 @@ def _ad_request(cfg, cat: Catalog, rng, out: UserStream, mem: _Memory, user: int
     p_serving = exam * _sigmoid(serving)
     clicked = rng.random(slots) < p_click
     request_id = f"q{user}-{request_no}"
+    # Python numbers of the slots, read once (tolist gives what int()/float()/bool() of each element gives)
+    ads_, cats_, brands_ = ads.tolist(), ad_cat.tolist(), ad_brand.tolist()
+    campaigns, advertisers = cat.ad_campaign[ads].tolist(), cat.ad_advertiser[ads].tolist()
+    p_clicks, p_servings, p_rels, clicks_ = p_click.tolist(), p_serving.tolist(), p_rel.tolist(), clicked.tolist()
     for k in range(slots):
-        ad = int(ads[k])
+        ad = ads_[k]
         impression_id = f"{request_id}-{k + 1}"
         out.impressions.append({
             "request_id": request_id, "impression_id": impression_id, "user_id": user, "ts_ms": ts,
-            "ad_id": ad, "campaign_id": int(cat.ad_campaign[ad]), "advertiser_id": int(cat.ad_advertiser[ad]),
-            "category_id": int(ad_cat[k]), "brand_id": int(ad_brand[k]), "position": k + 1,
+            "ad_id": ad, "campaign_id": campaigns[k], "advertiser_id": advertisers[k],
+            "category_id": cats_[k], "brand_id": brands_[k], "position": k + 1,
             "surface": surface, "device": device,
         })
         out.oracle.append((impression_id, request_id, user, ts, ad, surface, k + 1,
-                           float(p_click[k]), float(p_serving[k]), float(p_rel[k]), bool(clicked[k])))
-        if clicked[k]:
+                           p_clicks[k], p_servings[k], p_rels[k], clicks_[k]))
+        if clicks_[k]:
             click_ts = ts + 2_000 + min(int(rng.exponential(40_000)), 30 * 60_000 - 2_000)
             # Relevance drives the click type and dwell: relevant ads get carted and read longer.
-            rel = float(p_rel[k])
+            rel = p_rels[k]
             kind = int(_draw(rng, _cdf(_click_type_p(rel))))
             dwell = None if rng.random() < 0.1 else int(rng.lognormal(math.log(4_000) + 2.0 * rel, 0.6))
             out.clicks.append({
                 "impression_id": impression_id, "request_id": request_id, "user_id": user, "ad_id": ad,
                 "ts_ms": click_ts, "click_type": CLICK_TYPES[kind], "dwell_ms": dwell,
             })
-            mem.add_interest(click_ts, int(ad_cat[k]))
+            mem.add_interest(click_ts, cats_[k])
 
 
 def _click_type_p(rel: float) -> np.ndarray:
