@@ -120,6 +120,7 @@ def simulate(preset: str = "tiny", seed: int = 0, out: str | os.PathLike = ".gen
         per record, was a few % of the simulator's time); a click after the world's last day names its own."""
         i = (ts_ms - first_ms) // DAY_MS
         return days[i] if 0 <= i < len(days) else landing.day_of_ms(ts_ms).isoformat()
+
     check_shift_day(cfg.shift_day, days)
     catalog = Catalog.build(cfg, seed)
 
