@@ -643,6 +643,30 @@ JOB_CONF = {
 EVENT_SORT = ("ts_ms", "user_id", "event_kind", "impression_id", "item_id", "action")
 
 
+def day_sources(home: Path, day: str, use_next_day: bool = True, require_next_day: bool = False
+                ) -> tuple[landing.LandingDay, landing.LandingDay | None, landing.LandingDay | None, list[SourceFile]]:
+    """The landing days job D reads (D, and D-1 and D+1 where complete) and its files: D's, D-1's impressions
+    and clicks, D+1's clicks (``run_events_job`` documents the two flags)."""
+    current = landing.open_day(home, day, verify=False)
+    previous = _context_day(home, landing.shift_day(day, -1))
+    nxt = None
+    if use_next_day:
+        nxt = _context_day(home, landing.shift_day(day, 1))
+        if nxt is None and require_next_day:
+            raise landing.LandingError(
+                f"landing day {landing.shift_day(day, 1)} is not complete: the events job for {day} needs it for late clicks")
+
+    sources: list[SourceFile] = []
+    for kind in FILE_KINDS:
+        sources += [SourceFile(day, kind, str(p)) for p in current.files[kind]]
+    if previous is not None:
+        for kind in ("impressions", "clicks"):
+            sources += [SourceFile(previous.day, kind, str(p)) for p in previous.files[kind]]
+    if nxt is not None:
+        sources += [SourceFile(nxt.day, "clicks", str(p)) for p in nxt.files["clicks"]]
+    return current, previous, nxt, sources
+
+
 def run_events_job(
     spark: SparkSession,
     home: str | os.PathLike,
@@ -664,23 +688,7 @@ def run_events_job(
     t0 = time.perf_counter()
     home = Path(home)
     day = day if isinstance(day, str) else day.isoformat()
-    current = landing.open_day(home, day, verify=False)
-    previous = _context_day(home, landing.shift_day(day, -1))
-    nxt = None
-    if use_next_day:
-        nxt = _context_day(home, landing.shift_day(day, 1))
-        if nxt is None and require_next_day:
-            raise landing.LandingError(
-                f"landing day {landing.shift_day(day, 1)} is not complete: the events job for {day} needs it for late clicks")
-
-    sources: list[SourceFile] = []
-    for kind in FILE_KINDS:
-        sources += [SourceFile(day, kind, str(p)) for p in current.files[kind]]
-    if previous is not None:
-        for kind in ("impressions", "clicks"):
-            sources += [SourceFile(previous.day, kind, str(p)) for p in previous.files[kind]]
-    if nxt is not None:
-        sources += [SourceFile(nxt.day, "clicks", str(p)) for p in nxt.files["clicks"]]
+    current, previous, nxt, sources = day_sources(home, day, use_next_day, require_next_day)
 
     accounting = {kind: KindAccount() for kind in FILE_KINDS}
     files: dict[str, dict] = {}
