@@ -173,6 +173,57 @@ def spark_floor_s(spark, files: list[Path], jvm_pid: int) -> tuple[tuple[float, 
     return read, parse
 
 
+def stage_seconds(spark, home: Path, day: str, jvm_pid: int) -> list[tuple[str, float, float]]:
+    """(stage, wall s, JVM CPU s) of the job's own steps on day D (transforms.spark.events, in run_events_job's
+    order), each timed as its own action: the frames read -> set aside -> parsed -> decided are cumulative and
+    forced by a ``noop`` write of every column; then both checkpoints, the counts and both writes. Where the
+    job's time goes, not a second job: the whole-job figure stays the one above."""
+    from transforms.spark import events as E
+
+    def noop(frame):
+        frame.write.format("noop").mode("overwrite").save()
+
+    stages: list[tuple[str, float, float]] = []
+
+    def stage(name, action):
+        result = []
+        wall, cpu = timed(lambda: result.append(action()), jvm_pid)
+        stages.append((name, wall, cpu))
+        return result[0]
+
+    sources = E.day_sources(home, day)[3]
+    saved = {k: spark.conf.get(k, None) for k in E.JOB_CONF}
+    for k, v in E.JOB_CONF.items():
+        spark.conf.set(k, v)
+    try:
+        lines = E.read_lines(spark, sources)
+        stage("read_lines", lambda: noop(lines))
+        aside = E.set_aside_unclicked(lines, day)
+        stage("+ set_aside_unclicked", lambda: noop(aside))
+        parsed = E.parse_lines(aside)
+        stage("+ parse_lines", lambda: noop(parsed))
+        decided = E.decide_lines(parsed, int(spark.conf.get("spark.sql.shuffle.partitions")))
+        stage("+ decide_lines (both duplicate rules)", lambda: noop(decided))
+        held = stage("decided lines checkpointed (all of the above again)", lambda: E._checkpoint(decided))
+        clicks = stage("clicks attributed (checkpoint)", lambda: E._checkpoint(E.attribute_clicks(held, 60 * 60_000)))
+        resolved = E.with_clicks(held, clicks)
+        stage("ledger counts", lambda: E.ledger_counts(resolved).collect())
+        scratch = home / "bench-stages"
+        stage("events written (sorted, one file)",
+              lambda: E.write_partition(E.build_events(resolved, day), scratch / "events", day, E.EVENT_SORT, 1))
+        stage("quarantine written", lambda: E.write_partition(E.build_quarantine(resolved, day), scratch / "quarantine", day,
+                                                              ("kind", "source_file", "line_no"), 1))
+        E._release(clicks)
+        E._release(held)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+    return stages
+
+
 def peak_rss_mib(pid: int) -> float:
     """VmHWM (peak resident set) of a process, in MiB, from /proc."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -191,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--growth", default="1,3,7", help="day counts for the growth figure ('' to skip)")
     ap.add_argument("--write", action="store_true", help="write the figures to benchmarks/RESULTS.spark.md")
+    ap.add_argument("--stages", action="store_true", help="also time the job's own steps one by one on day D")
     args = ap.parse_args(argv)
 
     from contracts import settings
@@ -225,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parsed, orjson_s = gzip_orjson_lines_per_s(day_files)
     (read_s, read_cpu), (parse_s, parse_cpu) = spark_floor_s(spark, day_files, jvm_pid)
 
+    stages = stage_seconds(spark, home, day, jvm_pid) if args.stages else []
+
     growth = []
     for n in [int(x) for x in args.growth.split(",") if x]:
         span = days[1:1 + n]
@@ -253,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:70s} {sec:7.2f} s  {rate:>10,.0f} lines/s  job time / this: x{ratio:.2f}")
     print("  driver JVM CPU seconds (all cores): " + ", ".join(
         f"{name} {cpu:.1f} s (job / this x{job_cpu / cpu:.2f})" for name, cpu in cpu_rows))
+    if stages:
+        print("  the job's steps on day D, each its own action (wall s, driver JVM CPU s):")
+        for name, wall, cpu in stages:
+            print(f"    {name:55s} {wall:6.2f} s {cpu:6.1f} CPU s")
     if growth:
         base = growth[0][2] / growth[0][0]
         print("  growth: " + ", ".join(f"{n} d {t:.1f} s ({t / n / base:.2f} x the 1-day time per day)" for n, _, t in growth))
