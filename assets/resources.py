@@ -47,7 +47,7 @@ class SparkResource(dg.ConfigurableResource):
     """
 
     master: str = "local[*]"
-    driver_memory: str = "2g"
+    driver_memory: str = settings.VARIABLES["GENRANK_SPARK_DRIVER_MEMORY"][0]
     shuffle_partitions: int = 4
     executor_wait_s: float = 300   # a cluster job with no executor this long is cancelled (transforms/spark/session.py)
     _session: object = PrivateAttr(default=None)
@@ -100,7 +100,7 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
         "paths": GenrankPaths(home=str(home)),
         "spark": SparkResource(
             master=settings.env("GENRANK_SPARK_MASTER", "local[*]"),
-            driver_memory=settings.env("GENRANK_SPARK_DRIVER_MEMORY", "2g"),
+            driver_memory=settings.env("GENRANK_SPARK_DRIVER_MEMORY", settings.VARIABLES["GENRANK_SPARK_DRIVER_MEMORY"][0]),
             executor_wait_s=float(settings.env("GENRANK_SPARK_EXECUTOR_WAIT_S",
                                                settings.VARIABLES["GENRANK_SPARK_EXECUTOR_WAIT_S"][0])),
         ),

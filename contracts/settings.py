@@ -28,7 +28,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GENRANK_HOME": ("./.genrank", "root of all data: landing/, lake/, warehouse.duckdb, mlflow.db, mlartifacts/, dagster_home/"),
     "GENRANK_START_DATE": ("the first complete landing day, else 2026-01-01; every `genrank` command pins it so the processes it starts agree", "first daily partition (read when the code location loads)"),
     "GENRANK_SPARK_MASTER": ("local[*]", "spark.master for the events job (any cluster URL works)"),
-    "GENRANK_SPARK_DRIVER_MEMORY": ("2g", "spark.driver.memory"),
+    "GENRANK_SPARK_DRIVER_MEMORY": ("1g", "spark.driver.memory (1g: a `large` day's events job as fast as with 2g, its driver 0.4-0.6 GB smaller; benchmarks/RESULTS.md)"),
     "GENRANK_SPARK_EXECUTOR_WAIT_S": ("300", "on a cluster master: seconds a Spark job may wait with no executor (its workers lost) before it is cancelled and the events step fails"),
     "GENRANK_ATTRIBUTION_WINDOW_MIN": ("60", "minutes after an impression within which a click is attributed to it"),
     "GENRANK_LATE_GRACE_HOURS": ("6", "how long the newest day waits for D+1's files before it is processed without them"),

@@ -66,7 +66,7 @@ def require_java() -> str:
 
 def build_session(
     master: str = "local[*]",
-    driver_memory: str = "2g",
+    driver_memory: str = settings.VARIABLES["GENRANK_SPARK_DRIVER_MEMORY"][0],
     shuffle_partitions: int = 4,
     app_name: str = "genrank-events",
     extra_conf: dict[str, str] | None = None,
