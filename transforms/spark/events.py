@@ -120,6 +120,7 @@ from contracts import ACTIONS, CLICK_TYPES, DAY_MS, layout
 from transforms import landing
 from transforms.atomic import staged_dir
 from transforms.landing import DEVICES, FILE_KINDS, INTEGER_KEYS, OPTIONAL_KEYS, REQUIRED_KEYS, SURFACE_SLOTS, SURFACES
+from transforms.spark.session import shrink_driver_heap
 
 ID_KEYS = ("request_id", "impression_id", "user_id", "ad_id", "campaign_id", "advertiser_id",
            "category_id", "brand_id", "item_id")
@@ -727,6 +728,7 @@ def run_events_job(
             for frame in (clicks, decided):
                 if frame is not None:
                     _release(frame)
+            shrink_driver_heap(spark)
             for k, v in saved.items():
                 if v is None:
                     spark.conf.unset(k)
