@@ -100,7 +100,7 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
         "paths": GenrankPaths(home=str(home)),
         "spark": SparkResource(
             master=settings.env("GENRANK_SPARK_MASTER", "local[*]"),
-            driver_memory=settings.env("GENRANK_SPARK_DRIVER_MEMORY", settings.VARIABLES["GENRANK_SPARK_DRIVER_MEMORY"][0]),
+            driver_memory=settings.spark_driver_memory(),
             executor_wait_s=float(settings.env("GENRANK_SPARK_EXECUTOR_WAIT_S",
                                                settings.VARIABLES["GENRANK_SPARK_EXECUTOR_WAIT_S"][0])),
         ),

@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     days = manifest["days"]
     day = days[1] if len(days) >= 3 else days[0]
     lines_d = sum(v["lines"] for v in manifest["files"][day].values())
-    driver_memory = settings.env("GENRANK_SPARK_DRIVER_MEMORY", settings.VARIABLES["GENRANK_SPARK_DRIVER_MEMORY"][0])
+    driver_memory = settings.spark_driver_memory()
     spark = build_session(master=args.master, driver_memory=driver_memory, app_name="genrank-bench")
     jvm_pid = spark.sparkContext._gateway.proc.pid
 

@@ -74,6 +74,11 @@ def start_date() -> str:
     return requested_start_date() or DEFAULT_START_DATE
 
 
+def spark_driver_memory() -> str:
+    """GENRANK_SPARK_DRIVER_MEMORY: spark.driver.memory of the events job's driver."""
+    return env("GENRANK_SPARK_DRIVER_MEMORY", VARIABLES["GENRANK_SPARK_DRIVER_MEMORY"][0])
+
+
 def online_store() -> str:
     """GENRANK_ONLINE_STORE: empty for the embedded LMDB store, else a redis:// URL (deploy.sequence_store)."""
     return env("GENRANK_ONLINE_STORE", "")
