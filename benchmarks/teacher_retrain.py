@@ -7,8 +7,10 @@
 2. runs the pipeline's ``teacher_job`` (the asset ``teacher_model``, forced, the default recipe) twice in a child
    process each: over the trailing 2 days of samples, which is what a daily run's first teacher trains on, as
    the baseline of this run; then over the trailing ``--window`` days (7: the weekly retrain);
-3. prints each one's wall (the child process: imports and the MLflow registration included), the asset's own training seconds, its steps (the recipe's ``max_steps`` caps them), tokens/s,
-   the peak resident memory of the child's process tree, and the retrain's wall over the baseline's.
+3. prints each one's wall (the child process: imports and the MLflow registration included), the asset's own
+   training seconds, its steps (the recipe's ``max_steps`` caps them), tokens/s, the peak resident memory of
+   the child's process tree (pipelines.stage_profile, as the run report samples it), and the retrain's wall
+   over the baseline's.
 
 Target (issue #35 item 3): the teacher's retrain on 7 days of the `large` world in at most 15 minutes on CPU.
 """
@@ -20,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -42,16 +43,9 @@ def ensure_samples(home: Path, preset: str, seed: int, days: int) -> list[str]:
     return sample_days(home)
 
 
-def peak_tree_rss(pid: int, stop: threading.Event, out: list[int]) -> None:
-    from pipelines.stage_profile import tree_rss_bytes
-
-    while not stop.is_set():
-        out.append(tree_rss_bytes(pid) or 0)
-        stop.wait(0.5)
-
-
 def retrain(home: Path, window: int) -> dict:
     """One forced teacher_job over the trailing ``window`` days, in a child process; its figures."""
+    from pipelines.stage_profile import PeakByStep
     from transforms import landing
 
     env = {**os.environ, "GENRANK_HOME": str(home), "GENRANK_START_DATE": landing.complete_days(home)[0]}
@@ -61,17 +55,13 @@ def retrain(home: Path, window: int) -> dict:
     with open(log, "w") as sink:
         child = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(home), "--window", str(window)],
                                  env=env, stdout=subprocess.PIPE, stderr=sink, text=True, cwd=str(REPO))
-        stop, samples = threading.Event(), []
-        sampler = threading.Thread(target=peak_tree_rss, args=(child.pid, stop, samples), daemon=True)
-        sampler.start()
-        output = child.communicate()[0]
-        stop.set()
-        sampler.join()
+        with PeakByStep(lambda: "teacher_job", root=child.pid) as peak:
+            output = child.communicate()[0]
     wall = time.perf_counter() - started
     if child.returncode != 0:
         raise RuntimeError(f"teacher_job over {window} days failed (exit {child.returncode}); see {log}")
     figures = json.loads(next(line for line in output.splitlines() if line.startswith(RESULT_TAG))[len(RESULT_TAG):])
-    return {**figures, "wall_s": wall, "peak_tree_rss_mib": max(samples, default=0) / 2**20}
+    return {**figures, "wall_s": wall, "peak_tree_rss_mib": peak.peaks.get("teacher_job", 0) / 2**20}
 
 
 def _child(home: Path, window: int) -> int:
@@ -89,7 +79,7 @@ def _child(home: Path, window: int) -> int:
         return 1
     [materialization] = result.asset_materializations_for_node("teacher_model")
     meta = {k: v.value for k, v in materialization.metadata.items()}
-    keep = ("version", "window", "train_seconds", "steps", "best_pass", "tokens_per_s")
+    keep = ("version", "window", "train_seconds", "steps", "tokens_per_s")
     print(RESULT_TAG + json.dumps({k: meta[k] for k in keep}), flush=True)
     return 0
 
