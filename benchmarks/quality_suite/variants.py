@@ -3,9 +3,11 @@ of them: issue #18's levers (LEVERS), the seed papers' ablations (ABLATIONS) and
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from benchmarks.quality_suite.ablations import DeepAdapterConfig, NoHistoryConfig, PositionInputConfig, ablated
 from benchmarks.quality_suite.hstu import HSTUConfig
+from models.config import RoPEConfig
 
 # the seed papers' ablations of the student without KD (report.py SEED_EXPECTATIONS: their published effects).
 # TM20K's LPTM has none: the served student (2 layers, StudentConfig.lptm_every 2) has no layer it could merge
@@ -13,6 +15,9 @@ from benchmarks.quality_suite.hstu import HSTUConfig
 ABLATIONS = ["no_position_heads", "no_train_delay", "index_rope", "no_gates", "no_qk_norm", "no_litm", "no_patm"]
 # the student trained as the pipeline's daily chain trains it (protocol.py), without and with KD
 DAILY = ("student_daily", "student_daily_kd")
+
+
+ROPE_HOURS = RoPEConfig(phi_min=2 * math.pi, base=365 * 24)
 
 
 def _bb(**kw):
@@ -35,6 +40,13 @@ LEVERS = {
     # issue #34 item 5: the counters through a deeper adapter (the counter probe's MLP beats the student on them)
     "student_deep_adapter": ("student", lambda c: ablated(c, DeepAdapterConfig),
                              "student, the counters' adapter with 2 hidden layers instead of 1"),
+    # time RoPE that resolves hours: CADET's defaults (phi_min 1e-4 over a year, base 6e5) turn the fastest pair 0.16
+    # rad a day, so neither model can tell an event of the last hour from one of last week by its rotation; these
+    # span one turn a year (slowest) to one turn an hour (fastest, the serving delay), the counters' scale
+    "teacher_rope_hours": ("teacher", lambda c: dataclasses.replace(c, rope=ROPE_HOURS),
+                           "teacher, time RoPE from 1 hour to 1 year"),
+    "student_rope_hours": ("student", lambda c: dataclasses.replace(c, rope=ROPE_HOURS),
+                           "student, time RoPE from 1 hour to 1 year"),
     "student_window_counters": ("student", lambda c: dataclasses.replace(c, counter_len=None),
                                 "student, counters over its 1,024 history events only (before counter_len)"),
     "student_kd_lambda1": ("kd", lambda c: dataclasses.replace(c, kd_lambda=1.0), "student, KD lambda 1 instead of 50"),
@@ -120,8 +132,6 @@ class Recipe:
 
 
 def student_variant(base, name: str):
-    from models import RoPEConfig
-
     r = dataclasses.replace
     if name in ("student", "student_kd", "student_kd_oot", *DAILY):
         return base
