@@ -5,9 +5,17 @@ import warnings
 import dagster as dg
 
 from pipelines import operating
+from pipelines.stage_profile import return_freed_heap
 from assets.resources import GenrankPaths
 
 TEACHER = dg.AssetSelection.assets("teacher_model")
+
+
+@dg.success_hook(name="return_freed_heap")
+def return_freed_heap_after_step(context: dg.HookContext) -> None:
+    """After every step of an in-process run: what the step freed goes back to the OS before the next step
+    allocates (stage_profile.return_freed_heap), so a day's peak is its largest step's, not their sum."""
+    return_freed_heap()
 
 # Every launcher (the landing sensor, the schedule, a daily_job backfill from the UI, `genrank run`) runs
 # this one job per day. It holds the teacher too: teacher_model retrains inside the day's run when its
@@ -27,7 +35,7 @@ daily_job = dg.define_asset_job(
     # the run queue serialises on (pipelines/runner.py INSTANCE_YAML, deploy/dagster.yaml).
     tags={"dagster/max_retries": "1", "dagster/retry_strategy": "FROM_FAILURE",
           operating.LANE_TAG: operating.DAILY_LANE},
-    hooks={operating.mark_blocked_run},
+    hooks={operating.mark_blocked_run, return_freed_heap_after_step},
     # One process runs the day's steps in order (they form a chain): no per-step process re-importing
     # torch and Spark, and the same execution `genrank run` does in process.
     executor_def=dg.in_process_executor,

@@ -9,6 +9,9 @@ Off Linux (no /proc) only the times are reported.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import os
 import threading
 from collections.abc import Callable
@@ -74,3 +77,20 @@ def step_seconds(instance, run_id: str) -> dict[str, float]:
     stats = sorted((s for s in instance.get_run_step_stats(run_id) if s.start_time and s.end_time),
                    key=lambda s: s.start_time)
     return {s.step_key: s.end_time - s.start_time for s in stats}
+
+
+def return_freed_heap() -> bool:
+    """Collects Python's garbage and asks glibc to hand the heap's free pages back to the OS (malloc_trim);
+    False where there is no glibc. A day's steps share one process (jobs.daily_job's in-process executor):
+    what a step freed stays resident in the C heap otherwise, under every later step's peak, and the next
+    step's arrays do not all fit in the fragments it leaves."""
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc is None:
+        return False
+    try:
+        trim = ctypes.CDLL(libc).malloc_trim
+    except (OSError, AttributeError):   # musl and macOS have no malloc_trim
+        return False
+    trim(0)
+    return True
