@@ -14,7 +14,8 @@ TEACHER = dg.AssetSelection.assets("teacher_model")
 @dg.success_hook(name="return_freed_heap")
 def return_freed_heap_after_step(context: dg.HookContext) -> None:
     """After every step of an in-process run: what the step freed goes back to the OS before the next step
-    allocates (stage_profile.return_freed_heap), so a day's peak is its largest step's, not their sum."""
+    (stage_profile.return_freed_heap). On a `large` day the steps after the teacher's logits and the student
+    sit 0.2-0.4 GB lower; the largest step's own peak does not move (benchmarks/RESULTS.md, "Day 5 alone")."""
     return_freed_heap()
 
 # Every launcher (the landing sensor, the schedule, a daily_job backfill from the UI, `genrank run`) runs

@@ -82,8 +82,8 @@ def step_seconds(instance, run_id: str) -> dict[str, float]:
 def return_freed_heap() -> bool:
     """Collects Python's garbage and asks glibc to hand the heap's free pages back to the OS (malloc_trim);
     False where there is no glibc. A day's steps share one process (jobs.daily_job's in-process executor):
-    what a step freed stays resident in the C heap otherwise, under every later step's peak, and the next
-    step's arrays do not all fit in the fragments it leaves."""
+    what a step freed otherwise stays resident in the C heap, counted in every later step's memory until an
+    allocation reuses it."""
     gc.collect()
     libc = ctypes.util.find_library("c")
     if libc is None:
