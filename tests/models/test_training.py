@@ -139,6 +139,23 @@ def test_time_holdout_takes_a_file_outside_a_date_folder_as_the_newest_day(sampl
     assert len(fit_paths) == 1 and pd.read_parquet(val_paths[0])["is_target"].sum() > 0
 
 
+def test_time_holdout_copies_the_day_a_row_group_at_a_time_with_its_types(samples_dir, tmp_path):
+    """The split copies keep the source's schema (no pandas round trip: int32 positions stay int32, not float)
+    and its row groups, so the loader streams them as it streams the day (a `large` day whole as a DataFrame
+    was most of a daily student's peak memory)."""
+    import pyarrow.parquet as pq
+
+    newest = sorted(list_sample_files(samples_dir))[-1]
+    fit_paths, val_paths = time_holdout(samples_dir, 0.3, str(tmp_path))
+    source = pq.ParquetFile(newest)
+    for path in (fit_paths[-1], val_paths[0]):
+        copy = pq.ParquetFile(path)
+        assert copy.schema_arrow == source.schema_arrow
+        assert copy.num_row_groups > 1
+        assert max(copy.metadata.row_group(i).num_rows for i in range(copy.num_row_groups)) \
+            <= max(source.metadata.row_group(i).num_rows for i in range(source.num_row_groups))
+
+
 def test_the_held_out_slice_picks_the_pass_and_the_best_weights_are_kept(samples_dir, tmp_path):
     fit_paths, val_paths = time_holdout(samples_dir, 0.3, str(tmp_path))
     res = train_student(fit_paths, None, tiny_student(), _tc(token_budget=300, epochs=8, patience=2),
