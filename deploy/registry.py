@@ -63,17 +63,45 @@ def data_fingerprint(paths: list[Path]) -> str:
     return h.hexdigest()[:12]
 
 
+def _first_user_day(samples: Path, scored: bool) -> pd.DataFrame:
+    """The rows of a training_samples partition's first user-day (with a target to score, if ``scored``), read a
+    row group at a time: the export keeps each user's rows together (transforms/sequences.py), so the rows end
+    where another user's begin. Reading the whole partition instead took 1.2 GB on a `large` day."""
+    import pyarrow.parquet as pq
+
+    def row_groups():
+        for f in sorted(Path(samples).glob("*.parquet")) if Path(samples).is_dir() else [Path(samples)]:
+            pf = pq.ParquetFile(f)
+            yield from (pf.read_row_group(i).to_pandas() for i in range(pf.num_row_groups))
+
+    user, rows = None, None   # rows: those read that are, or may yet be, the user-day's
+    for df in row_groups():
+        if df.empty:
+            continue
+        rows = df if rows is None else pd.concat([rows, df], ignore_index=True)
+        if user is None:
+            candidates = rows.loc[rows["is_target"].fillna(False).astype(bool), "user_id"] if scored else rows["user_id"]
+            if candidates.empty:   # the last user's rows so far may begin the user-day sought
+                rows = rows[rows["user_id"] == rows["user_id"].iloc[-1]]
+                continue
+            user = candidates.iloc[0]
+        mine = rows["user_id"] == user
+        rows = rows[mine]
+        if not mine.iloc[-1]:
+            break
+    if user is None:
+        raise ValueError(f"{samples}: no {'target impression' if scored else 'row'} to take a user-day from")
+    return rows.reset_index(drop=True)
+
+
 def input_example(samples: Path) -> pd.DataFrame:
     """The first user-day of a training_samples partition (at most 64 events): a registered version's example."""
-    df = pd.read_parquet(samples)
-    return df[df["user_id"] == df["user_id"].iloc[0]].head(64).reset_index(drop=True)
+    return _first_user_day(samples, scored=False).head(64)
 
 
 def scored_user_day(samples: Path) -> pd.DataFrame:
     """The first user-day of a training_samples partition that has a target to score, whole."""
-    df = pd.read_parquet(samples)
-    user = df.loc[df["is_target"].fillna(False).astype(bool), "user_id"].iloc[0]
-    return df[df["user_id"] == user].reset_index(drop=True)
+    return _first_user_day(samples, scored=True)
 
 
 @dataclass

@@ -112,6 +112,25 @@ def test_register_trained_logs_the_run_and_registers_the_version(registry, train
     assert reg.input_example(folder)["user_id"].nunique() == 1
 
 
+@pytest.mark.parametrize("rows_per_group", [2, 3, 100])
+def test_the_registered_examples_are_whole_user_days_across_row_groups(tmp_path, rows_per_group):
+    """input_example and scored_user_day read the partition a row group at a time; a user-day that straddles
+    row groups comes back whole, exactly as the rows a whole read of the partition holds for that user."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    day = pd.DataFrame({"user_id": ["a"] * 4 + ["b"] * 5 + ["c"] * 2,
+                        "ts_ms": np.arange(11, dtype=np.int64),
+                        "is_target": [False] * 4 + [False, False, True, True, False] + [True, False]})
+    folder = tmp_path / "date=2026-01-10"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pandas(day, preserve_index=False), folder / "part-0.parquet",
+                   row_group_size=rows_per_group)
+    whole = pd.read_parquet(folder)
+    pd.testing.assert_frame_equal(reg.input_example(folder), whole[whole["user_id"] == "a"].reset_index(drop=True))
+    pd.testing.assert_frame_equal(reg.scored_user_day(folder), whole[whole["user_id"] == "b"].reset_index(drop=True))
+
+
 def test_record_tags_the_version_and_logs_the_evaluation_run(registry, trained):
     model, folder, _ = trained
     registry.ensure_registered(reg.CTR, "test")
