@@ -331,7 +331,9 @@ def teacher_logits_checks(context: dg.AssetCheckExecutionContext, paths: Genrank
     [day] = run_partition_days(context.run.tags)
     yield _kd_gate_check(paths, day)
     cached = pd.read_parquet(_logits_path(paths, day))
-    samples = pd.read_parquet(_samples(paths, day))
+    # three columns of the day, and below only the reproduced users' rows: the whole partition as a DataFrame
+    # was 1.2 GB on a `large` day
+    samples = pd.read_parquet(_samples(paths, day), columns=["user_id", "is_target", "impression_id"])
     expected = set(samples.loc[samples["is_target"], "impression_id"])
     missing = expected - set(cached["impression_id"])
     yield dg.AssetCheckResult(check_name="coverage", asset_key="teacher_logits", passed=not missing,
@@ -355,7 +357,8 @@ def teacher_logits_checks(context: dg.AssetCheckExecutionContext, paths: Genrank
     with tempfile.TemporaryDirectory() as tmp:
         subset = Path(tmp) / "samples"
         subset.mkdir()
-        samples[samples["user_id"].isin(users)].to_parquet(subset / "part-0.parquet", index=False)
+        pd.read_parquet(_samples(paths, day), filters=[("user_id", "in", users)]).to_parquet(
+            subset / "part-0.parquet", index=False)
         model = load_model(str(r.checkpoint(reg.TEACHER, current.version, Path(tmp) / "teacher")))
         fresh = predict(model, str(subset))
     both = fresh[["impression_id", "p"]].merge(cached[["impression_id", "p"]], on="impression_id", suffixes=("", "_cached"))
