@@ -93,6 +93,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=None, help="use only the first N simulated days (default all)")
     p.add_argument("--eval-days", type=int, default=1, help="last days, evaluated out of time (default 1)")
     p.add_argument("--epochs", type=int, default=None, help="most passes per model (default 12; --quick 4)")
+    p.add_argument("--no-step-cap", action="store_true",
+                   help="train without the served max_steps cap (ModelSizes.max_steps), for worlds larger than a "
+                        "day's training was sized for: the passes and the held-out slice still decide")
     p.add_argument("--only", default=None, help="comma-separated subset of the models, e.g. student,no_litm "
                                                  "(student_kd needs teacher)")
     p.add_argument("--quick", action="store_true",
@@ -172,6 +175,8 @@ def main(argv=None) -> int:
                    student=r(recipe.student, max_len=256, backbone=r(recipe.student.backbone, d_model=32)))
     if a.epochs:
         recipe = recipe.replace_train(epochs=a.epochs)
+    if a.no_step_cap:
+        recipe = recipe.replace_train(max_steps=None)
     # MovieLens slices are small (hundreds to a few thousand ratings): more, cheap passes, more patience
     # and smaller batches, else a pass is one or two optimizer steps
     ml_recipe = recipe.replace_train(epochs=a.ml_epochs, patience=4, token_budget=512)

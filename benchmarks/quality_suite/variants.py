@@ -122,12 +122,13 @@ class Recipe:
 
     def describe(self) -> str:
         t, s, tt, st = self.teacher, self.student, self.teacher_train, self.student_train
+        cap = "no step cap" if st.max_steps is None else f"{st.max_steps} steps"
         return (f"d={t.backbone.d_model}, {t.backbone.n_heads} heads, teacher {t.backbone.n_layers} layers / {t.max_len} "
                 f"tokens, student {s.backbone.n_layers} layers / {s.max_len} events, counters over {s.counter_len} "
                 f"events (LITM, PATM{f', LPTM every {s.lptm_every} layers' if s.lptm else ''}; KD lambda {s.kd_lambda:g}, temperature "
                 f"{s.kd_temperature:g}); AdamW lr {tt.lr:g} / {st.lr:g} (teacher / student), wd {st.weight_decay:g}, "
                 f"{tt.token_budget} / {st.token_budget} tokens per batch, at most {st.epochs} passes and "
-                f"{st.max_steps} steps; the latest {st.holdout:.0%} of the newest training day's impressions pick the "
+                f"{cap}; the latest {st.holdout:.0%} of the newest training day's impressions pick the "
                 f"pass (stop after {st.patience} without a better AUC, keep the best) and fit the per-bucket calibration")
 
 

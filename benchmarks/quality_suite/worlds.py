@@ -55,6 +55,9 @@ SEQUENCE_WORLDS: dict[str, dict] = {
                          "users": 250, "days": 6},
     "order-heavy": {"preset": "sequence", "seed": 2, "strengths": "complement=0.6,abandonment=3",
                     "users": 250, "days": 6},
+    # the `sequence` world with five times its users (the same seed, effects and days): whether data is what keeps
+    # the models from the two effects (RESULTS, "Five times the users"); run it with --no-step-cap
+    "sequence-5x": {"preset": "sequence", "seed": 0, "users": 1500},
 }
 
 
