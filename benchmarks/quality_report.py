@@ -159,16 +159,10 @@ def report_world(world: World, wv: list[str], recipe: Recipe, seeds: list[int]) 
     return table(world, results, seeds, wv, extra)
 
 
-def main(argv=None) -> int:
-    p = parser()
-    a = p.parse_args(argv)
-    q = a.quick
-    n_seeds = a.seeds if a.seeds is not None else (1 if q else 3)
-    ml_since = a.ml_since or ("2018-02-13" if q else "2015-11-02")
-    ml_until = a.ml_until or ("2018-02-27" if q else "2015-11-18")
-    ml_eval = a.ml_eval_days if a.ml_eval_days is not None else 5
+def report_recipe(a: argparse.Namespace) -> Recipe:
+    """What the simulated worlds' rows train: the served recipe, changed only by the flags that say so."""
     recipe = Recipe.served()
-    if q:  # a smoke run, not what serves: smaller models, fewer passes
+    if a.quick:  # a smoke run, not what serves: smaller models, fewer passes
         r = dataclasses.replace
         recipe = r(recipe.replace_train(epochs=4),
                    teacher=r(recipe.teacher, max_len=teacher_context(256), backbone=r(recipe.teacher.backbone, d_model=32)),
@@ -177,6 +171,18 @@ def main(argv=None) -> int:
         recipe = recipe.replace_train(epochs=a.epochs)
     if a.no_step_cap:
         recipe = recipe.replace_train(max_steps=None)
+    return recipe
+
+
+def main(argv=None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    q = a.quick
+    n_seeds = a.seeds if a.seeds is not None else (1 if q else 3)
+    ml_since = a.ml_since or ("2018-02-13" if q else "2015-11-02")
+    ml_until = a.ml_until or ("2018-02-27" if q else "2015-11-18")
+    ml_eval = a.ml_eval_days if a.ml_eval_days is not None else 5
+    recipe = report_recipe(a)
     # MovieLens slices are small (hundreds to a few thousand ratings): more, cheap passes, more patience
     # and smaller batches, else a pass is one or two optimizer steps
     ml_recipe = recipe.replace_train(epochs=a.ml_epochs, patience=4, token_budget=512)

@@ -52,3 +52,16 @@ def test_fit_model_hands_the_recipe_to_the_pipelines_training_entry_point(kind, 
     with pytest.raises(Stop):
         protocol.fit_model(kind, cfg, None, ["2026-01-01"], World(), recipe, seed=2)
     assert seen["cfg"] == cfg and seen["train"] == recipe.train(kind, seed=2)
+
+
+def test_the_report_trains_what_serves_unless_a_flag_says_otherwise():
+    """quality_report.py's rows train the served recipe; --no-step-cap lifts only the step cap, of both models, and
+    the report's header says so."""
+    from benchmarks.quality_report import parser, report_recipe
+
+    served = report_recipe(parser().parse_args([]))
+    assert served == Recipe.served() and "800 steps" in served.describe()
+    uncapped = report_recipe(parser().parse_args(["--no-step-cap"]))
+    assert uncapped.teacher_train.max_steps is None and uncapped.student_train.max_steps is None
+    assert uncapped.replace_train(max_steps=served.student_train.max_steps) == served
+    assert "no step cap" in uncapped.describe() and "800 steps" not in uncapped.describe()
