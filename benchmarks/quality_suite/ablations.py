@@ -9,11 +9,13 @@ import dataclasses
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.functional import softplus
 
 from models.config import StudentConfig
-from models.data import F_POS, Batch, Sample, StudentTokens
+from models.data import F_ACTION, F_BRAND, F_CAT, F_POS, N_ACTIONS, Batch, Sample, StudentTokens
 from models.data.tokens import valid_targets
 from models.layers import init_weights
+from models.masks import lengths_to_offsets, seq_index, visible_count
 from models.student import Student
 
 
@@ -108,7 +110,90 @@ class DeepAdapterStudent(Student):
         init_weights(self.cross)
 
 
-ABLATED = (NoHistoryConfig, PositionInputConfig, DeepAdapterConfig)
+@dataclasses.dataclass
+class LearnedCountsConfig(StudentConfig):
+    """Counters whose match is learnt (issue #33's sequence effects): the 48 counters count the user's events of the
+    candidate's own item, category or brand, so an event of another category that leads to the candidate's (the
+    simulator's complement term) or the order of a brand's carts and buys (its abandonment term) is in none of them.
+    Per candidate and head h, over its visible history events e (the student's own, before merging):
+
+        category heads: log1p(sum_e exp(-age_e / tau_h) * softplus(scale * <U_h[cat_cand], V_h[cat_e]> + b_h))
+        brand heads:    sum_e [brand_e == brand_cand] * exp(-age_e / tau_h) * w_h[action_e]
+
+    a DIN-style target attention without the softmax (DIN keeps the weights unnormalised so that how much of the
+    history matches can show), U, V of rank ``rank`` (the relation between categories is learnt, not assumed to be
+    equality), signed per-action weights w (a cart and a later buy can cancel), decays tau_h per head from an hour to
+    a month. The features enter the candidate's token through a zero-initialised adapter, as the counters do."""
+    learned_heads: int = 8
+    learned_rank: int = 16
+    learned_scale: float = 5.0     # U starts at 0: the scale lets Adam's per-step moves reach a relation in a pass
+    learned_tau_hours: tuple[float, ...] = (1.0, 6.0, 24.0, 24.0, 72.0, 72.0, 240.0, 720.0)
+
+    def build(self) -> Student:
+        return LearnedCountsStudent(self)
+
+
+class LearnedCounts(nn.Module):
+    def __init__(self, cfg: LearnedCountsConfig):
+        super().__init__()
+        h, r, d, fc = cfg.learned_heads, cfg.learned_rank, cfg.backbone.d_model, cfg.features
+        assert len(cfg.learned_tau_hours) == h
+        self.h, self.r, self.scale = h, r, cfg.learned_scale
+        self.u = nn.Embedding(fc.category_buckets, h * r)
+        self.v = nn.Embedding(fc.category_buckets, h * r)
+        self.b = nn.Parameter(torch.zeros(h))
+        self.log_tau = nn.Parameter(torch.log(torch.tensor(cfg.learned_tau_hours)))
+        self.brand_action = nn.Parameter(torch.zeros(h, N_ACTIONS))
+        self.out = nn.Sequential(nn.Linear(2 * h, d), nn.SiLU(), nn.Linear(d, d))
+        init_weights(self)
+        nn.init.zeros_(self.u.weight)
+        nn.init.normal_(self.v.weight, std=0.3)
+        nn.init.zeros_(self.out[-1].weight)
+
+    def forward(self, batch: Batch, cut: torch.Tensor) -> torch.Tensor:
+        """(candidates, d): what the candidates' tokens gain. An event counts for a candidate when its group does in
+        the attention: the group's newest time at or before the candidate's cut (models.masks.visible_count)."""
+        t = batch.tensors
+        hoff = lengths_to_offsets(t["hist_len"])
+        cseq = seq_index(lengths_to_offsets(t["cand_len"]))
+        n_visible = visible_count(hoff, t["hist_ts"], cseq, cut)                 # groups, per candidate
+        group = t["ev_group"]
+        eseq = seq_index(hoff)[group]
+        pos = group - hoff[eseq]
+        vis = (cseq[:, None] == eseq[None, :]) & (pos[None, :] < n_visible[:, None])   # (candidates, events)
+        age_h = (t["cand_ts"][:, None] - t["hist_ts"][group][None, :]).clamp(min=0).double() / 3.6e6
+        decay = torch.exp(-age_h.float()[None] / torch.exp(self.log_tau).view(-1, 1, 1)) * vis[None]
+        ev, cand = t["ev_feats"], t["cand_feats"]
+        u = self.u(cand[:, F_CAT]).view(-1, self.h, self.r)
+        v = self.v(ev[:, F_CAT]).view(-1, self.h, self.r)
+        w = softplus(self.scale * torch.einsum("chr,ehr->hce", u, v) + self.b.view(-1, 1, 1))
+        category = torch.log1p((w * decay).sum(-1))
+        same_brand = (cand[:, F_BRAND][:, None] == ev[:, F_BRAND][None, :]) & (cand[:, F_BRAND][:, None] > 0)
+        brand = (decay * same_brand[None] * self.brand_action[:, ev[:, F_ACTION]][:, None, :]).sum(-1)
+        return self.out(torch.cat([category, brand]).T)
+
+
+class LearnedCountsStudent(Student):
+    """The student with LearnedCounts added to its candidates' tokens (through Student.embed_candidates)."""
+
+    def __init__(self, cfg: LearnedCountsConfig):
+        super().__init__(cfg)
+        self.learned = LearnedCounts(cfg)
+        self._gain = None
+
+    def forward(self, batch: Batch, serving: bool = True):
+        self._gain = self.learned(batch, batch.tensors["cand_ts"] - self.delay_ms(serving))
+        try:
+            return super().forward(batch, serving)
+        finally:
+            self._gain = None
+
+    def embed_candidates(self, feats, cross):
+        x = super().embed_candidates(feats, cross)
+        return x + self._gain.to(x.dtype)
+
+
+ABLATED = (NoHistoryConfig, PositionInputConfig, DeepAdapterConfig, LearnedCountsConfig)
 
 
 def ablated(base: StudentConfig, kind: type, **settings) -> StudentConfig:

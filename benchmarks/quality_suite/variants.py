@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from benchmarks.quality_suite.ablations import DeepAdapterConfig, NoHistoryConfig, PositionInputConfig, ablated
+from benchmarks.quality_suite.ablations import (DeepAdapterConfig, LearnedCountsConfig, NoHistoryConfig,
+                                                PositionInputConfig, ablated)
 from benchmarks.quality_suite.hstu import HSTUConfig
 from models.config import RoPEConfig
 
@@ -40,6 +41,9 @@ LEVERS = {
     # issue #34 item 5: the counters through a deeper adapter (the counter probe's MLP beats the student on them)
     "student_deep_adapter": ("student", lambda c: ablated(c, DeepAdapterConfig),
                              "student, the counters' adapter with 2 hidden layers instead of 1"),
+    # issue #33: counters whose match is learnt, for the sequence worlds' complement and abandonment terms
+    "student_learned_counts": ("student", lambda c: ablated(c, LearnedCountsConfig),
+                               "student + learnt-match counters (a category relation, signed brand actions)"),
     # time RoPE that resolves hours: CADET's defaults (phi_min 1e-4 over a year, base 6e5) turn the fastest pair 0.16
     # rad a day, so neither model can tell an event of the last hour from one of last week by its rotation; these
     # span one turn a year (slowest) to one turn an hour (fastest, the serving delay), the counters' scale

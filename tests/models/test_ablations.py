@@ -8,7 +8,7 @@ from benchmarks.quality_suite.ablations import (NoHistoryConfig, NoHistoryStuden
                                                 PositionInputStudent, ablated)
 from deploy.onnx_export import RequestScorer
 from mt_util import tiny_student
-from models.data import F_POS, F_TYPE, TT_CANDIDATE, PackedLoader, collate, iter_samples
+from models.data import F_BRAND, F_CAT, F_POS, F_TYPE, TT_CANDIDATE, PackedLoader, collate, iter_samples
 from models.student import Student
 from models.train import evaluate, fit_with_holdout, predict
 
@@ -153,3 +153,83 @@ def test_ablated_students_train_and_predict_through_their_own_tokens(samples_dir
 def test_an_ablated_student_is_refused_by_the_onnx_export():
     with pytest.raises(ValueError, match="not the served Student"):
         RequestScorer(_model(no_history()))
+
+
+def learned_counts(**kw):
+    from benchmarks.quality_suite.ablations import LearnedCountsConfig
+    return ablated(tiny_student(), LearnedCountsConfig, **kw)
+
+
+def _learned_reference(model, batch, cut):
+    """LearnedCounts' features (before its adapter) by a loop over each candidate's own events."""
+    from models.data import F_ACTION
+    lc, t = model.learned, batch.tensors
+    hist_len, cand_len = t["hist_len"].tolist(), t["cand_len"].tolist()
+    g0 = np.concatenate([[0], np.cumsum(hist_len)])
+    c0 = np.concatenate([[0], np.cumsum(cand_len)])
+    tau = torch.exp(lc.log_tau)
+    rows = []
+    for s in range(len(hist_len)):
+        # a group is visible while the running maximum of its sequence's group times is at or before the cut
+        running = np.maximum.accumulate(t["hist_ts"][g0[s]:g0[s + 1]].numpy()) if hist_len[s] else np.zeros(0)
+        for c in range(c0[s], c0[s + 1]):
+            visible = g0[s] + np.flatnonzero(running <= int(cut[c]))
+            cat_sum, brand_sum = torch.zeros(lc.h), torch.zeros(lc.h)
+            for e in np.flatnonzero(np.isin(t["ev_group"].numpy(), visible)):
+                ev, cand = t["ev_feats"][e], t["cand_feats"][c]
+                age_h = (int(t["cand_ts"][c]) - int(t["hist_ts"][t["ev_group"][e]])) / 3.6e6
+                decay = torch.exp(-max(age_h, 0.0) / tau)
+                u = lc.u.weight[cand[F_CAT]].view(lc.h, lc.r)
+                v = lc.v.weight[ev[F_CAT]].view(lc.h, lc.r)
+                cat_sum += decay * torch.nn.functional.softplus(lc.scale * (u * v).sum(1) + lc.b)
+                if cand[F_BRAND] > 0 and ev[F_BRAND] == cand[F_BRAND]:
+                    brand_sum += decay * lc.brand_action[:, ev[F_ACTION]]
+            rows.append(torch.cat([torch.log1p(cat_sum), brand_sum]))
+    return torch.stack(rows)
+
+
+def test_learned_counts_match_a_loop_over_each_candidates_visible_events(samples_dir):
+    """What the learnt-match counters feed the candidates equals a per-candidate loop over the events its
+    attention sees (nothing newer than its cut), with non-trivial weights; the features then go through the
+    adapter, which starts at zero, so at initialisation the model scores exactly as the student it extends."""
+    cfg = learned_counts()
+    model = _model(cfg)
+    batch = _batch(samples_dir, cfg)
+    with torch.no_grad():
+        assert torch.allclose(model(batch)["logits"], _model(tiny_student())(batch)["logits"], atol=1e-6)
+        torch.manual_seed(1)
+        for p in (model.learned.u.weight, model.learned.b, model.learned.brand_action):
+            p.normal_(0, 0.3)
+        cut = batch.tensors["cand_ts"] - model.delay_ms(True)
+        model.learned.out = torch.nn.Sequential(torch.nn.Identity())
+        features = model.learned(batch, cut)
+        assert features.shape == (len(batch.tensors["cand_ts"]), 2 * model.learned.h)
+        assert torch.allclose(features, _learned_reference(model, batch, cut), rtol=1e-4, atol=1e-5)
+        assert bool((features[:, model.learned.h:] != 0).any())  # some candidate's brand is in its history
+
+
+def test_learned_counts_never_see_an_event_after_the_cut(samples_dir):
+    cfg = learned_counts()
+    model = _model(cfg)
+    batch = _batch(samples_dir, cfg)
+    t = batch.tensors
+    with torch.no_grad():
+        model.learned.u.weight.normal_(0, 0.3)
+        model.learned.brand_action.normal_(0, 0.3)
+        model.learned.out[-1].weight.normal_(0, 0.3)
+        cut = t["cand_ts"] - model.delay_ms(True)
+        before = model.learned(batch, cut)
+        # every group newer than the newest cut is scrambled: no candidate's features may move
+        late = t["hist_ts"] > int(cut.max())
+        assert bool(late.any())
+        scrambled = dict(t)
+        scrambled["ev_feats"] = t["ev_feats"].clone()
+        ids = torch.tensor([F_CAT, F_BRAND])
+        moved = t["ev_feats"].clone()
+        moved[:, ids] = (moved[:, ids] + 5) % 17
+        scrambled["ev_feats"][late[t["ev_group"]]] = moved[late[t["ev_group"]]]
+        assert torch.equal(model.learned(type(batch)(batch.kind, batch.targets, batch.n_events, scrambled), cut), before)
+        # and an earlier event does move them
+        scrambled["ev_feats"] = moved
+        assert not torch.allclose(model.learned(type(batch)(batch.kind, batch.targets, batch.n_events, scrambled), cut),
+                                  before)
