@@ -88,7 +88,7 @@ def counter_rows(world: World, tcfg):
     return rows
 
 
-def counters_gbdt(world: World, tcfg, seed: int, variant: str = "counters_gbdt") -> dict:
+def counters_gbdt(world: World, tcfg, seed: int, variant: str = "counters_gbdt", extra=None) -> dict:
     """The pre-sequence industrial ranker on the same days: gradient-boosted trees (sklearn's
     HistGradientBoostingClassifier) on counter_rows and the context. ``variant`` says what they know of the ad:
     - ``counters_gbdt``: the ad's click-through rate over the training days, with its impression count (shrunk with
@@ -100,7 +100,8 @@ def counters_gbdt(world: World, tcfg, seed: int, variant: str = "counters_gbdt")
       pipeline serves (``models.data.item_stat_features`` of the samples' `item_windows` counts, 7 and 28 days
       ending two days before the impression), nothing of the training days' outcomes beyond them.
     Trees stop on a seeded 15 % validation split of the training rows; tested on the test day(s) as every model
-    is (the same target impressions)."""
+    is (the same target impressions). ``extra``: a DataFrame of further columns by impression_id, given to the trees
+    beside the others (benchmarks/effect_headroom.py gives them the simulator's true terms)."""
     import dataclasses
 
     import numpy as np
@@ -112,6 +113,8 @@ def counters_gbdt(world: World, tcfg, seed: int, variant: str = "counters_gbdt")
     if served:
         tcfg = dataclasses.replace(tcfg, features=dataclasses.replace(tcfg.features, item_stats=True))
     rows = counter_rows(world, tcfg)
+    if extra is not None:
+        rows = rows.merge(extra, on="impression_id", how="left", validate="one_to_one")
     train, test = rows[rows["day"].isin(world.train_days)].copy(), rows[rows["day"].isin(world.eval_days)].copy()
     if not served:
         prior, k = float(train["label"].mean()), 20.0
@@ -124,6 +127,7 @@ def counters_gbdt(world: World, tcfg, seed: int, variant: str = "counters_gbdt")
         test["ad_ctr"], test["ad_impressions"] = (tot[0] + k * prior) / (tot[1] + k), tot[1]
     user = [c for c in rows.columns if c.startswith("cross")] + ["history_tokens"] if variant != "ad_gbdt" else []
     cols = user + GBDT_CONTEXT + ([] if served else TRAINING_DAYS_CTR)
+    cols += [] if extra is None else [c for c in extra.columns if c != "impression_id"]
     trees = HistGradientBoostingClassifier(max_iter=500, learning_rate=0.05, early_stopping=True,
                                            validation_fraction=0.15, n_iter_no_change=20, random_state=seed,
                                            categorical_features=[cols.index("surface"), cols.index("device")])
