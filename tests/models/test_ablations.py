@@ -204,6 +204,7 @@ def test_learned_counts_match_a_loop_over_each_candidates_visible_events(samples
         model.learned.out = torch.nn.Sequential(torch.nn.Identity())
         features = model.learned(batch, cut)
         assert features.shape == (len(batch.tensors["cand_ts"]), 2 * model.learned.h)
+        assert len(batch.tensors["cand_len"]) > 1  # several users: none may count another's events
         assert torch.allclose(features, _learned_reference(model, batch, cut), rtol=1e-4, atol=1e-5)
         assert bool((features[:, model.learned.h:] != 0).any())  # some candidate's brand is in its history
 
