@@ -23,15 +23,20 @@ class Teacher(RankingBackbone):
 
     def forward(self, batch: Batch, serving: bool = True) -> dict[str, torch.Tensor]:
         t = batch.tensors
-        x = self.embed(t["feats"])
-        if self.cross is not None:
-            x = x.index_add(0, torch.nonzero(t["is_target"]).squeeze(1), self.cross(t["cross"]).to(x.dtype))
-        x = self.contextualise(x, *self.bounds(batch, serving), t)
+        x = self.contextualise(self.embed_tokens(t), *self.bounds(batch, serving), t)
         h = x[t["is_target"]]
         out = {"logits": self.heads(h)}
         if not serving:
             out["click_type"], out["dwell"] = self.aux(h)
         return out
+
+    def embed_tokens(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The tokens' embeddings, with the targets' cross features added: the hook through which the quality report's
+        teacher variants (benchmarks/quality_suite/ablations.py) add to the targets, as Student.embed_candidates."""
+        x = self.embed(t["feats"])
+        if self.cross is None:
+            return x
+        return x.index_add(0, torch.nonzero(t["is_target"]).squeeze(1), self.cross(t["cross"]).to(x.dtype))
 
     def contextualise(self, x, lo, hi, t: dict[str, torch.Tensor]) -> torch.Tensor:
         """The token stack: each token attends its [lo, hi) interval, positioned by time RoPE. The hook through which

@@ -11,12 +11,13 @@ import torch
 from torch import nn
 from torch.nn.functional import softplus
 
-from models.config import StudentConfig
-from models.data import F_ACTION, F_BRAND, F_CAT, F_POS, N_ACTIONS, Batch, Sample, StudentTokens
+from models.config import StudentConfig, TeacherConfig
+from models.data import CROSS_ACTIONS, F_ACTION, F_BRAND, F_CAT, F_POS, N_ACTIONS, Batch, Sample, StudentTokens
 from models.data.tokens import valid_targets
 from models.layers import init_weights
 from models.masks import lengths_to_offsets, seq_index, visible_count
 from models.student import Student
+from models.teacher import Teacher
 
 
 def _no_history(t: StudentTokens, keep_counters: bool) -> StudentTokens:
@@ -111,7 +112,7 @@ class DeepAdapterStudent(Student):
 
 
 @dataclasses.dataclass
-class LearnedCountsConfig(StudentConfig):
+class LearnedCountsSettings:
     """Counters whose match is learnt (issue #33's sequence effects): the 48 counters count the user's events of the
     candidate's own item, category or brand, so an event of another category that leads to the candidate's (the
     simulator's complement term) or the order of a brand's carts and buys (its abandonment term) is in none of them.
@@ -123,7 +124,8 @@ class LearnedCountsConfig(StudentConfig):
     a DIN-style target attention without the softmax (DIN keeps the weights unnormalised so that how much of the
     history matches can show), U, V of rank ``rank`` (the relation between categories is learnt, not assumed to be
     equality), signed per-action weights w (a cart and a later buy can cancel), decays tau_h per head from an hour to
-    a month. The features enter the candidate's token through a zero-initialised adapter, as the counters do."""
+    a month. The features enter the candidate's (the teacher's target's) token through a zero-initialised adapter, as
+    the counters do."""
     learned_heads: int = 8
     learned_rank: int = 16
     # U starts at 0; the scale lets Adam's per-step moves (~lr) reach a relation within the recipe's passes. 20, not 5:
@@ -132,12 +134,26 @@ class LearnedCountsConfig(StudentConfig):
     learned_scale: float = 20.0
     learned_tau_hours: tuple[float, ...] = (1.0, 6.0, 24.0, 24.0, 72.0, 72.0, 240.0, 720.0)
 
+
+@dataclasses.dataclass
+class LearnedCountsConfig(StudentConfig, LearnedCountsSettings):
+    """The student with LearnedCounts over its own history events (before merging)."""
+
     def build(self) -> Student:
         return LearnedCountsStudent(self)
 
 
+@dataclasses.dataclass
+class LearnedCountsTeacherConfig(TeacherConfig, LearnedCountsSettings):
+    """The teacher with LearnedCounts over its tokens' outcomes: the same counts over its longer, unmerged log, a
+    path the served student lacks (issue #33's teacher that sees more)."""
+
+    def build(self) -> Teacher:
+        return LearnedCountsTeacher(self)
+
+
 class LearnedCounts(nn.Module):
-    def __init__(self, cfg: LearnedCountsConfig):
+    def __init__(self, cfg: LearnedCountsSettings):
         super().__init__()
         h, r, d, fc = cfg.learned_heads, cfg.learned_rank, cfg.backbone.d_model, cfg.features
         assert len(cfg.learned_tau_hours) == h
@@ -153,8 +169,15 @@ class LearnedCounts(nn.Module):
         nn.init.normal_(self.v.weight, std=0.3)
         nn.init.zeros_(self.out[-1].weight)
 
-    def forward(self, batch: Batch, cut: torch.Tensor) -> torch.Tensor:
-        """(candidates, d): what the candidates' tokens gain. An event counts for a candidate when its group does in
+    def forward(self, batch: Batch, delay_ms: int) -> torch.Tensor:
+        """(scored tokens, d): what the student's candidates or the teacher's targets gain, with nothing newer than
+        their time minus ``delay_ms``."""
+        if batch.kind == "student":
+            return self.out(self.student_counts(batch, batch.tensors["cand_ts"] - delay_ms))
+        return self.out(self.teacher_counts(batch, delay_ms))
+
+    def student_counts(self, batch: Batch, cut: torch.Tensor) -> torch.Tensor:
+        """(candidates, 2 x heads). An event counts for a candidate when its group does in
         the attention: the group's newest time at or before the candidate's cut (models.masks.visible_count). One
         sequence at a time: a candidate only ever counts its own user's events, and a packed batch of many users
         as one (candidates x events) block grew past 15 GB at the evaluation's token budget."""
@@ -169,13 +192,30 @@ class LearnedCounts(nn.Module):
         for s in range(len(t["cand_len"])):
             c, e = slice(int(coff[s]), int(coff[s + 1])), slice(int(eoff[s]), int(eoff[s + 1]))
             if c.stop > c.start:
-                parts.append(self._counts(t["cand_feats"][c], t["cand_ts"][c], n_visible[c], t["ev_feats"][e], pos[e],
-                                          ev_ts[e]))
-        return self.out(torch.cat(parts))
+                parts.append(self.counts(t["cand_feats"][c], t["cand_ts"][c], t["ev_feats"][e], ev_ts[e],
+                                         pos[e][None, :] < n_visible[c][:, None]))
+        return torch.cat(parts)
 
-    def _counts(self, cand, cand_ts, n_visible, ev, pos, ev_ts) -> torch.Tensor:
-        """One user's candidates against their events: (candidates, 2 x heads)."""
-        vis = pos[None, :] < n_visible[:, None]
+    def teacher_counts(self, batch: Batch, delay_ms: int) -> torch.Tensor:
+        """(targets, 2 x heads): each target against its sequence's tokens that carry an outcome (a behaviour, an
+        impression's action token: the rows models.data.cross_counts counts), those at or before its time minus the
+        delay, as the counters see them."""
+        t = batch.tensors
+        feats, ts, off = t["feats"], t["ts"], t["offsets"]
+        is_event = torch.isin(feats[:, F_ACTION], torch.tensor(CROSS_ACTIONS))
+        parts = [torch.zeros(0, 2 * self.h)]
+        for s in range(len(off) - 1):
+            r = slice(int(off[s]), int(off[s + 1]))
+            q, e = t["is_target"][r], is_event[r]
+            if q.any():
+                cand_ts, ev_ts = ts[r][q], ts[r][e]
+                parts.append(self.counts(feats[r][q], cand_ts, feats[r][e], ev_ts,
+                                         ev_ts[None, :] <= cand_ts[:, None] - delay_ms))
+        return torch.cat(parts)
+
+    def counts(self, cand, cand_ts, ev, ev_ts, vis) -> torch.Tensor:
+        """One user's scored tokens against their events, ``vis`` (scored, events) saying which count:
+        (scored, 2 x heads)."""
         age_h = (cand_ts[:, None] - ev_ts[None, :]).clamp(min=0).double() / 3.6e6
         decay = torch.exp(-age_h.float()[None] / torch.exp(self.log_tau).view(-1, 1, 1)) * vis[None]
         u = self.u(cand[:, F_CAT]).view(-1, self.h, self.r)
@@ -187,24 +227,39 @@ class LearnedCounts(nn.Module):
         return torch.cat([category, brand]).T
 
 
-class LearnedCountsStudent(Student):
-    """The student with LearnedCounts added to its candidates' tokens (through Student.embed_candidates)."""
-
-    def __init__(self, cfg: LearnedCountsConfig):
-        super().__init__(cfg)
-        self.learned = LearnedCounts(cfg)
-        self._gain = None
+class _WithLearnedCounts:
+    """forward: LearnedCounts' gain for the scored tokens, held while the model's own forward embeds them."""
 
     def forward(self, batch: Batch, serving: bool = True):
-        self._gain = self.learned(batch, batch.tensors["cand_ts"] - self.delay_ms(serving))
+        self._gain = self.learned(batch, self.delay_ms(serving))
         try:
             return super().forward(batch, serving)
         finally:
             self._gain = None
 
+
+class LearnedCountsStudent(_WithLearnedCounts, Student):
+    """The student with LearnedCounts added to its candidates' tokens (through Student.embed_candidates)."""
+
+    def __init__(self, cfg: LearnedCountsConfig):
+        super().__init__(cfg)
+        self.learned, self._gain = LearnedCounts(cfg), None
+
     def embed_candidates(self, feats, cross):
         x = super().embed_candidates(feats, cross)
         return x + self._gain.to(x.dtype)
+
+
+class LearnedCountsTeacher(_WithLearnedCounts, Teacher):
+    """The teacher with LearnedCounts added to its targets' tokens (through Teacher.embed_tokens)."""
+
+    def __init__(self, cfg: LearnedCountsTeacherConfig):
+        super().__init__(cfg)
+        self.learned, self._gain = LearnedCounts(cfg), None
+
+    def embed_tokens(self, t):
+        x = super().embed_tokens(t)
+        return x.index_add(0, torch.nonzero(t["is_target"]).squeeze(1), self._gain.to(x.dtype))
 
 
 ABLATED = (NoHistoryConfig, PositionInputConfig, DeepAdapterConfig, LearnedCountsConfig)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from benchmarks.quality_suite.ablations import ABLATED
+from benchmarks.quality_suite.ablations import ABLATED, LearnedCountsTeacherConfig
 from benchmarks.quality_suite.hstu import HSTUConfig
 from benchmarks.quality_suite.variants import Recipe
 from benchmarks.quality_suite.worlds import World
@@ -31,7 +31,7 @@ def fit_model(kind: str, cfg, probs, train_days: list[str], world: World, recipe
     tc, train = recipe.train(kind, seed), world.samples(train_days)
     if kind == "teacher":  # a batch's budget cuts every sample to it: a longer context needs batches that hold it
         tc = dataclasses.replace(tc, token_budget=max(tc.token_budget, cfg.max_len))
-        if isinstance(cfg, HSTUConfig):  # train_teacher's loop on the report's HSTU-style ranker
+        if isinstance(cfg, (HSTUConfig, LearnedCountsTeacherConfig)):  # train_teacher's loop on the report's own teachers
             torch.manual_seed(seed)
             res = fit_with_holdout(cfg.build(), train, tc, warm=False)
         else:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from benchmarks.quality_suite.ablations import (DeepAdapterConfig, LearnedCountsConfig, NoHistoryConfig,
-                                                PositionInputConfig, ablated)
+from benchmarks.quality_suite.ablations import (DeepAdapterConfig, LearnedCountsConfig, LearnedCountsTeacherConfig,
+                                                NoHistoryConfig, PositionInputConfig, ablated)
 from benchmarks.quality_suite.hstu import HSTUConfig
 from models.config import RoPEConfig
 
@@ -44,6 +44,10 @@ LEVERS = {
     # issue #33: counters whose match is learnt, for the sequence worlds' complement and abandonment terms
     "student_learned_counts": ("student", lambda c: ablated(c, LearnedCountsConfig),
                                "student + learnt-match counters (a category relation, signed brand actions)"),
+    "teacher_learned_counts": ("teacher", lambda c: ablated(c, LearnedCountsTeacherConfig),
+                               "teacher + learnt-match counters over its outcome tokens"),
+    "student_kd_learned_teacher": ("kd", lambda c: c, "student, KD from the learnt-match teacher",
+                                   "teacher_learned_counts"),
     # time RoPE that resolves hours: CADET's defaults (phi_min 1e-4 over a year, base 6e5) turn the fastest pair 0.16
     # rad a day, so neither model can tell an event of the last hour from one of last week by its rotation; these
     # span one turn a year (slowest) to one turn an hour (fastest, the serving delay), the counters' scale

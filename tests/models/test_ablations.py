@@ -160,32 +160,57 @@ def learned_counts(**kw):
     return ablated(tiny_student(), LearnedCountsConfig, **kw)
 
 
-def _learned_reference(model, batch, cut):
-    """LearnedCounts' features (before its adapter) by a loop over each candidate's own events."""
+def _learned_reference(lc, pairs):
+    """LearnedCounts' features (before its adapter) by a loop: ``pairs`` holds, per scored token, its feats, its time
+    and the (feats, time) of each event it may count."""
     from models.data import F_ACTION
-    lc, t = model.learned, batch.tensors
-    hist_len, cand_len = t["hist_len"].tolist(), t["cand_len"].tolist()
-    g0 = np.concatenate([[0], np.cumsum(hist_len)])
-    c0 = np.concatenate([[0], np.cumsum(cand_len)])
-    tau = torch.exp(lc.log_tau)
-    rows = []
-    for s in range(len(hist_len)):
-        # a group is visible while the running maximum of its sequence's group times is at or before the cut
-        running = np.maximum.accumulate(t["hist_ts"][g0[s]:g0[s + 1]].numpy()) if hist_len[s] else np.zeros(0)
+    tau, rows = torch.exp(lc.log_tau), []
+    for cand, cand_ts, events in pairs:
+        cat_sum, brand_sum = torch.zeros(lc.h), torch.zeros(lc.h)
+        for ev, ev_ts in events:
+            decay = torch.exp(-max((cand_ts - ev_ts) / 3.6e6, 0.0) / tau)
+            u, v = lc.u.weight[cand[F_CAT]].view(lc.h, lc.r), lc.v.weight[ev[F_CAT]].view(lc.h, lc.r)
+            cat_sum += decay * torch.nn.functional.softplus(lc.scale * (u * v).sum(1) + lc.b)
+            if cand[F_BRAND] > 0 and ev[F_BRAND] == cand[F_BRAND]:
+                brand_sum += decay * lc.brand_action[:, ev[F_ACTION]]
+        rows.append(torch.cat([torch.log1p(cat_sum), brand_sum]))
+    return torch.stack(rows)
+
+
+def _student_pairs(batch, cut):
+    """Each candidate with the events of its own history whose group is visible at its cut (the running maximum of
+    its sequence's group times at or before the cut)."""
+    t = batch.tensors
+    g0 = np.concatenate([[0], np.cumsum(t["hist_len"].tolist())])
+    c0 = np.concatenate([[0], np.cumsum(t["cand_len"].tolist())])
+    pairs = []
+    for s in range(len(t["hist_len"])):
+        running = np.maximum.accumulate(t["hist_ts"][g0[s]:g0[s + 1]].numpy()) if g0[s + 1] > g0[s] else np.zeros(0)
         for c in range(c0[s], c0[s + 1]):
             visible = g0[s] + np.flatnonzero(running <= int(cut[c]))
-            cat_sum, brand_sum = torch.zeros(lc.h), torch.zeros(lc.h)
-            for e in np.flatnonzero(np.isin(t["ev_group"].numpy(), visible)):
-                ev, cand = t["ev_feats"][e], t["cand_feats"][c]
-                age_h = (int(t["cand_ts"][c]) - int(t["hist_ts"][t["ev_group"][e]])) / 3.6e6
-                decay = torch.exp(-max(age_h, 0.0) / tau)
-                u = lc.u.weight[cand[F_CAT]].view(lc.h, lc.r)
-                v = lc.v.weight[ev[F_CAT]].view(lc.h, lc.r)
-                cat_sum += decay * torch.nn.functional.softplus(lc.scale * (u * v).sum(1) + lc.b)
-                if cand[F_BRAND] > 0 and ev[F_BRAND] == cand[F_BRAND]:
-                    brand_sum += decay * lc.brand_action[:, ev[F_ACTION]]
-            rows.append(torch.cat([torch.log1p(cat_sum), brand_sum]))
-    return torch.stack(rows)
+            pairs.append((t["cand_feats"][c], int(t["cand_ts"][c]),
+                          [(t["ev_feats"][e], int(t["hist_ts"][t["ev_group"][e]]))
+                           for e in np.flatnonzero(np.isin(t["ev_group"].numpy(), visible))]))
+    return pairs
+
+
+def _perturbed(model):
+    with torch.no_grad():
+        torch.manual_seed(1)
+        for p in (model.learned.u.weight, model.learned.b, model.learned.brand_action, model.learned.out[-1].weight):
+            p.normal_(0, 0.3)
+    return model
+
+
+def _scrambled(batch, key: str, rows):
+    """The batch with the category and brand of ``rows`` of tensor ``key`` changed."""
+    t = dict(batch.tensors)
+    t[key] = t[key].clone()
+    ids = torch.tensor([F_CAT, F_BRAND])
+    moved = t[key][rows]
+    moved[:, ids] = (moved[:, ids] + 5) % 17
+    t[key][rows] = moved
+    return type(batch)(batch.kind, batch.targets, batch.n_events, t)
 
 
 def test_learned_counts_match_a_loop_over_each_candidates_visible_events(samples_dir):
@@ -197,40 +222,57 @@ def test_learned_counts_match_a_loop_over_each_candidates_visible_events(samples
     batch = _batch(samples_dir, cfg)
     with torch.no_grad():
         assert torch.allclose(model(batch)["logits"], _model(tiny_student())(batch)["logits"], atol=1e-6)
-        torch.manual_seed(1)
-        for p in (model.learned.u.weight, model.learned.b, model.learned.brand_action):
-            p.normal_(0, 0.3)
+        _perturbed(model)
         cut = batch.tensors["cand_ts"] - model.delay_ms(True)
-        model.learned.out = torch.nn.Sequential(torch.nn.Identity())
-        features = model.learned(batch, cut)
+        features = model.learned.student_counts(batch, cut)
         assert features.shape == (len(batch.tensors["cand_ts"]), 2 * model.learned.h)
         assert len(batch.tensors["cand_len"]) > 1  # several users: none may count another's events
-        assert torch.allclose(features, _learned_reference(model, batch, cut), rtol=1e-4, atol=1e-5)
+        assert torch.allclose(features, _learned_reference(model.learned, _student_pairs(batch, cut)), rtol=1e-4,
+                              atol=1e-5)
         assert bool((features[:, model.learned.h:] != 0).any())  # some candidate's brand is in its history
 
 
 def test_learned_counts_never_see_an_event_after_the_cut(samples_dir):
-    cfg = learned_counts()
-    model = _model(cfg)
-    batch = _batch(samples_dir, cfg)
+    model = _perturbed(_model(learned_counts()))
+    batch = _batch(samples_dir, model.cfg)
     t = batch.tensors
+    delay = model.delay_ms(True)
     with torch.no_grad():
-        model.learned.u.weight.normal_(0, 0.3)
-        model.learned.brand_action.normal_(0, 0.3)
-        model.learned.out[-1].weight.normal_(0, 0.3)
-        cut = t["cand_ts"] - model.delay_ms(True)
-        before = model.learned(batch, cut)
+        before = model.learned(batch, delay)
         # every group newer than the newest cut is scrambled: no candidate's features may move
-        late = t["hist_ts"] > int(cut.max())
+        late = t["hist_ts"] > int((t["cand_ts"] - delay).max())
         assert bool(late.any())
-        scrambled = dict(t)
-        scrambled["ev_feats"] = t["ev_feats"].clone()
-        ids = torch.tensor([F_CAT, F_BRAND])
-        moved = t["ev_feats"].clone()
-        moved[:, ids] = (moved[:, ids] + 5) % 17
-        scrambled["ev_feats"][late[t["ev_group"]]] = moved[late[t["ev_group"]]]
-        assert torch.equal(model.learned(type(batch)(batch.kind, batch.targets, batch.n_events, scrambled), cut), before)
+        assert torch.equal(model.learned(_scrambled(batch, "ev_feats", late[t["ev_group"]]), delay), before)
         # and an earlier event does move them
-        scrambled["ev_feats"] = moved
-        assert not torch.allclose(model.learned(type(batch)(batch.kind, batch.targets, batch.n_events, scrambled), cut),
-                                  before)
+        assert not torch.allclose(model.learned(_scrambled(batch, "ev_feats", slice(None)), delay), before)
+
+
+def test_the_learned_counts_teacher_counts_its_outcome_tokens_before_each_target(samples_dir):
+    """The teacher's variant: each target counts the outcome tokens (behaviours, impressions' action tokens) of its
+    own sequence at or before its time minus the delay; it starts as the teacher it extends."""
+    from benchmarks.quality_suite.ablations import LearnedCountsTeacherConfig
+    from models.data import CROSS_ACTIONS, F_ACTION
+    from mt_util import tiny_teacher
+    from models.teacher import Teacher
+
+    cfg = ablated(tiny_teacher(), LearnedCountsTeacherConfig)
+    torch.manual_seed(0)
+    model = cfg.build().eval()
+    batch = collate(next(iter(PackedLoader(samples_dir, "teacher", cfg, 400, seed=None, tokenizer=model.tokenizer()))))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        assert torch.allclose(model(batch)["logits"], Teacher(tiny_teacher()).eval()(batch)["logits"], atol=1e-6)
+        _perturbed(model)
+        t, delay = batch.tensors, model.delay_ms(True)
+        off = t["offsets"].tolist()
+        pairs = []
+        for s in range(len(off) - 1):
+            rows = range(off[s], off[s + 1])
+            events = [r for r in rows if int(t["feats"][r, F_ACTION]) in CROSS_ACTIONS]
+            pairs += [(t["feats"][q], int(t["ts"][q]), [(t["feats"][e], int(t["ts"][e])) for e in events
+                                                        if int(t["ts"][e]) <= int(t["ts"][q]) - delay])
+                      for q in rows if t["is_target"][q]]
+        assert len(off) > 2 and len(pairs) == int(t["is_target"].sum())
+        features = model.learned.teacher_counts(batch, delay)
+        assert torch.allclose(features, _learned_reference(model.learned, pairs), rtol=1e-4, atol=1e-5)
+        assert bool((features != 0).any())
