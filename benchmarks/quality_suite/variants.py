@@ -48,6 +48,8 @@ LEVERS = {
                                "teacher + learnt-match counters over its outcome tokens"),
     "student_kd_learned_teacher": ("kd", lambda c: c, "student, KD from the learnt-match teacher",
                                    "teacher_learned_counts"),
+    "learned_counts_kd": ("kd", lambda c: ablated(c, LearnedCountsConfig),
+                          "student + learnt-match counters, KD from the learnt-match teacher", "teacher_learned_counts"),
     # time RoPE that resolves hours: CADET's defaults (phi_min 1e-4 over a year, base 6e5) turn the fastest pair 0.16
     # rad a day, so neither model can tell an event of the last hour from one of last week by its rotation; these
     # span one turn a year (slowest) to one turn an hour (fastest, the serving delay), the counters' scale
